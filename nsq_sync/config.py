@@ -1,0 +1,244 @@
+"""One frozen, validated :class:`Config` for consumers, producers and connections.
+
+Option names are go-nsq's, in snake_case. Durations are float seconds everywhere (strings such as
+``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are accepted and converted). Every check raises
+:class:`~nsq_sync.errors.ConfigError` naming the option.
+
+Objects copy the Config they are given (it is frozen), so nothing shares mutable configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from nsq_sync._version import __version__
+from nsq_sync.errors import ConfigError
+
+__all__ = ["Config", "parse_duration"]
+
+_DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d*)?|-?\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
+_BACKOFF_STRATEGIES = ("exponential", "full_jitter")
+
+
+def parse_duration(value: object, name: str = "duration") -> float:
+    """Return ``value`` as float seconds; accepts numbers and ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
+
+    Raises:
+        ConfigError: when the value is not a number or duration string.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise ConfigError(f"{name}: expected seconds or a duration like '250ms', '5s', got {value!r}")
+
+
+def _opt(default: Any, kind: str, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
+    meta = {"kind": kind, "min": lo, "max": hi}
+    if "default_factory" in kw:
+        return field(default_factory=kw.pop("default_factory"), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every consumer, producer and connection option, validated at construction.
+
+    Thread-safe (immutable). Use :meth:`replace` to derive a changed copy.
+
+    Raises:
+        ConfigError: an option has the wrong type, is out of range, or contradicts another.
+    """
+
+    # --- connection
+    dial_timeout: float = _opt(1.0, "duration", 0.01, 300.0)
+    read_timeout: float = _opt(60.0, "duration", 0.1, 300.0)
+    write_timeout: float = _opt(1.0, "duration", 0.01, 300.0)
+    heartbeat_interval: float = _opt(30.0, "duration", 1.0, 300.0)
+    client_id: Optional[str] = _opt(None, "str?")
+    hostname: Optional[str] = _opt(None, "str?")
+    user_agent: str = _opt(f"nsq_sync/{__version__}", "str")
+    output_buffer_size: Optional[int] = _opt(16384, "int?", 64, 64 * 1024 * 1024)
+    output_buffer_timeout: Optional[float] = _opt(0.25, "duration?", 0.001, 300.0)
+    sample_rate: int = _opt(0, "int", 0, 99)
+    msg_timeout: Optional[float] = _opt(None, "duration?", 1.0, 86400.0)
+    max_frame_size: int = _opt(64 * 1024 * 1024, "int", 1024, 2**31 - 1)
+    # --- TLS
+    tls_v1: bool = _opt(False, "bool")
+    tls_root_ca_file: Optional[str] = _opt(None, "str?")
+    tls_cert: Optional[str] = _opt(None, "str?")
+    tls_key: Optional[str] = _opt(None, "str?")
+    tls_insecure_skip_verify: bool = _opt(False, "bool")
+    tls_min_version: str = _opt("TLSv1.2", "str")
+    tls_server_name: Optional[str] = _opt(None, "str?")
+    ssl_context: Optional[ssl.SSLContext] = _opt(None, "ssl", compare=False)
+    # --- compression
+    snappy: bool = _opt(False, "bool")
+    deflate: bool = _opt(False, "bool")
+    deflate_level: int = _opt(6, "int", 1, 9)
+    # --- auth
+    auth_secret: Optional[str] = _opt(None, "str?", repr=False)
+    # --- consumer
+    max_in_flight: int = _opt(1, "int", 0, 2**31 - 1)
+    max_attempts: int = _opt(5, "int", 0, 65535)
+    lookupd_poll_interval: float = _opt(60.0, "duration", 0.01, 3600.0)
+    lookupd_poll_jitter: float = _opt(0.3, "float", 0.0, 1.0)
+    lookupd_http_timeout: float = _opt(5.0, "duration", 0.01, 300.0)
+    default_requeue_delay: float = _opt(90.0, "duration", 0.0, 3600.0)
+    max_requeue_delay: float = _opt(900.0, "duration", 0.0, 86400.0)
+    backoff_strategy: str = _opt("exponential", "str")
+    max_backoff_duration: float = _opt(120.0, "duration", 0.0, 3600.0)
+    backoff_multiplier: float = _opt(1.0, "duration", 0.0, 3600.0)
+    low_rdy_idle_timeout: float = _opt(10.0, "duration", 0.1, 300.0)
+    rdy_redistribute_interval: float = _opt(5.0, "duration", 0.001, 300.0)
+    # --- producer
+    max_msg_size: Optional[int] = _opt(1024 * 1024, "int?", 1, 2**31 - 1)
+    max_body_size: Optional[int] = _opt(5 * 1024 * 1024, "int?", 1, 2**31 - 1)
+    max_defer: float = _opt(3600.0, "duration", 0.0, 86400.0 * 365)
+    publish_timeout: float = _opt(10.0, "duration", 0.01, 3600.0)
+    reconnect_backoff_max: float = _opt(30.0, "duration", 0.0, 3600.0)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            coerced = _coerce(f.name, f.metadata["kind"], value)
+            lo, hi = f.metadata["min"], f.metadata["max"]
+            if isinstance(coerced, (int, float)) and not isinstance(coerced, bool):
+                if lo is not None and coerced < lo or hi is not None and coerced > hi:
+                    raise ConfigError(f"{f.name}={value!r} is out of range [{lo}, {hi}]")
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
+        self._check_cross_fields()
+
+    def _check_cross_fields(self) -> None:
+        if self.heartbeat_interval >= self.read_timeout:
+            raise ConfigError(
+                f"heartbeat_interval ({self.heartbeat_interval}) must be less than "
+                f"read_timeout ({self.read_timeout}), or every idle connection would time out"
+            )
+        if self.snappy and self.deflate:
+            raise ConfigError("snappy and deflate cannot both be enabled")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key must be given together")
+        if self.tls_min_version not in _TLS_VERSIONS:
+            raise ConfigError(f"tls_min_version must be one of {_TLS_VERSIONS}, got {self.tls_min_version!r}")
+        if self.backoff_strategy not in _BACKOFF_STRATEGIES:
+            raise ConfigError(
+                f"backoff_strategy must be one of {_BACKOFF_STRATEGIES}, got {self.backoff_strategy!r}"
+            )
+        if self.default_requeue_delay > self.max_requeue_delay:
+            raise ConfigError(
+                f"default_requeue_delay ({self.default_requeue_delay}) exceeds "
+                f"max_requeue_delay ({self.max_requeue_delay})"
+            )
+        if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
+            raise ConfigError(f"ssl_context must be an ssl.SSLContext, got {type(self.ssl_context).__name__}")
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when TLS is requested (``tls_v1`` or an explicit ``ssl_context``)."""
+        return self.tls_v1 or self.ssl_context is not None
+
+    def replace(self, **changes: Any) -> Config:
+        """Return a validated copy with ``changes`` applied.
+
+        Raises:
+            ConfigError: an unknown option name, or an invalid value.
+        """
+        if not changes:
+            return self
+        unknown = sorted(set(changes) - _FIELD_NAMES)
+        if unknown:
+            raise ConfigError(f"unknown option(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> Config:
+        """Build a Config from a dict such as Django settings or an INI section.
+
+        Keys may use ``-`` or ``_``; values may be strings (``"true"``, ``"250ms"``, ``"200"``).
+
+        Raises:
+            ConfigError: an unknown key or an invalid value.
+        """
+        normalised = {str(k).replace("-", "_").lower(): v for k, v in options.items()}
+        return cls().replace(**normalised)
+
+    @classmethod
+    def from_env(cls, prefix: str = "NSQ_", environ: Mapping[str, str] | None = None) -> Config:
+        """Build a Config from environment variables such as ``NSQ_MAX_IN_FLIGHT=200``.
+
+        Variables with the prefix that name no option raise, so typos do not pass silently.
+
+        Raises:
+            ConfigError: an unknown option or an invalid value.
+        """
+        env = os.environ if environ is None else environ
+        picked = {k[len(prefix) :]: v for k, v in env.items() if k.startswith(prefix)}
+        return cls.from_mapping(picked)
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Config))
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(name: str, kind: str, value: Any) -> Any:
+    optional = kind.endswith("?")
+    base = kind.rstrip("?")
+    if value is None:
+        if optional or base == "ssl":
+            return None
+        raise ConfigError(f"{name} must not be None")
+    if optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
+        return None
+    if base == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{name} must be a bool, got {value!r}")
+    if base == "int":
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} must be an int, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if base in ("float", "duration"):
+        result = parse_duration(value, name) if base == "duration" else _to_float(name, value)
+        if not math.isfinite(result):
+            raise ConfigError(f"{name} must be finite, got {value!r}")
+        return result
+    if base == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a str, got {type(value).__name__}")
+        return value
+    return value
+
+
+def _to_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None

@@ -1,0 +1,369 @@
+"""The nsq_sync exception hierarchy.
+
+Every exception raised by nsq_sync derives from :class:`NSQError`. Server error frames map to one
+class per ``E_*`` code (:func:`error_from_frame`), each carrying ``fatal`` (nsqd closes the
+connection after it) and ``retriable`` flags.
+
+Every exception pickles: PySpark and multiprocessing ship exceptions between processes. The rule
+that makes this work is simple: ``self.args`` always holds exactly the constructor's positional
+arguments, so ``BaseException.__reduce__`` rebuilds the object. Extra attributes live in
+``__dict__``, which pickling restores too.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AuthDisabled",
+    "AuthError",
+    "AuthFailed",
+    "AuthFirst",
+    "AuthServerError",
+    "BadBody",
+    "BadChannel",
+    "BadMessage",
+    "BadTopic",
+    "ConfigError",
+    "ConnectTimeout",
+    "ConnectionClosed",
+    "DPubFailed",
+    "FinFailed",
+    "FrameTooLarge",
+    "HTTPAPIError",
+    "HandshakeError",
+    "IdentifyFailed",
+    "InvalidBody",
+    "InvalidError",
+    "InvalidName",
+    "LocalProtocolError",
+    "LookupdError",
+    "MPubFailed",
+    "NSQConnectionError",
+    "NSQError",
+    "NotConnected",
+    "ProtocolError",
+    "PubFailed",
+    "PublishError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "ReqFailed",
+    "RequeueMessage",
+    "ServerError",
+    "Stopped",
+    "SubFailed",
+    "TLSError",
+    "TouchFailed",
+    "Unauthorized",
+    "error_from_frame",
+]
+
+
+class NSQError(Exception):
+    """Root of every exception nsq_sync raises."""
+
+
+# --------------------------------------------------------------------------- local input errors
+
+
+class ConfigError(NSQError, ValueError):
+    """An option has an invalid value or type; the message names the option."""
+
+
+class InvalidName(NSQError, ValueError):
+    """A topic or channel name breaks nsqd's rules (charset ``[.a-zA-Z0-9_-]``, 1-64 chars)."""
+
+
+class InvalidBody(NSQError, ValueError):
+    """A message body is empty, too large, of the wrong type, or an MPUB holds no messages."""
+
+
+# --------------------------------------------------------------------------- connection errors
+
+
+class NSQConnectionError(NSQError):
+    """A connection to nsqd could not be made, broke, or misbehaved.
+
+    Attributes:
+        address: ``host:port`` of the peer, when known.
+    """
+
+    def __init__(self, message: str = "", address: str | None = None) -> None:
+        super().__init__(message, address)
+        self.address = address
+
+    def __str__(self) -> str:
+        message = str(self.args[0]) if self.args else ""
+        return f"{message} ({self.address})" if self.address else message
+
+
+class ConnectTimeout(NSQConnectionError, TimeoutError):
+    """Connecting (TCP, TLS or handshake) took longer than ``dial_timeout``."""
+
+
+class ReadTimeout(NSQConnectionError, TimeoutError):
+    """Nothing arrived within ``read_timeout`` (missing heartbeats), or a response was late."""
+
+
+class ConnectionClosed(NSQConnectionError):
+    """The connection is closed.
+
+    Attributes:
+        by_server: True when nsqd (or the network) closed it, False when we did.
+    """
+
+    def __init__(
+        self, message: str = "connection closed", address: str | None = None, by_server: bool = True
+    ) -> None:
+        NSQError.__init__(self, message, address, by_server)
+        self.address = address
+        self.by_server = by_server
+
+
+class HandshakeError(NSQConnectionError):
+    """Magic, IDENTIFY, TLS/compression upgrade, AUTH or SUB failed in a way not covered by a
+    server error frame (for example an unexpected IDENTIFY response)."""
+
+
+class TLSError(HandshakeError):
+    """The TLS upgrade failed: the certificate did not verify, or the server refused TLS."""
+
+
+class AuthError(HandshakeError):
+    """AUTH could not proceed (nsqd requires it and no ``auth_secret`` was given)."""
+
+
+class NotConnected(NSQConnectionError):
+    """No usable connection to any nsqd."""
+
+
+# --------------------------------------------------------------------------- protocol errors
+
+
+class ProtocolError(NSQError):
+    """Bytes that violate the NSQ protocol."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to send something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol does not allow (garbage, truncation, HTTP...)."""
+
+
+class FrameTooLarge(RemoteProtocolError):
+    """A frame announced a size above the configured ``max_frame_size``."""
+
+
+# --------------------------------------------------------------------------- server error frames
+
+
+class ServerError(NSQError):
+    """nsqd answered with an error frame ``E_<CODE> <text>``.
+
+    Attributes:
+        code: the ``E_*`` code.
+        text: nsqd's explanation.
+        fatal: nsqd closes the connection after this error.
+        retriable: the same request may succeed later (or on another nsqd).
+    """
+
+    code: str = "E_UNKNOWN"
+    fatal: ClassVar[bool] = True
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, code: str | None = None, text: str = "") -> None:
+        code = code or type(self).code
+        super().__init__(code, text)
+        self.code = code
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.text}".rstrip()
+
+
+class InvalidError(ServerError):
+    code = "E_INVALID"
+
+
+class BadBody(ServerError):
+    code = "E_BAD_BODY"
+
+
+class BadTopic(ServerError):
+    code = "E_BAD_TOPIC"
+
+
+class BadChannel(ServerError):
+    code = "E_BAD_CHANNEL"
+
+
+class BadMessage(ServerError):
+    code = "E_BAD_MESSAGE"
+
+
+class PubFailed(ServerError):
+    code = "E_PUB_FAILED"
+    retriable = True
+
+
+class MPubFailed(ServerError):
+    code = "E_MPUB_FAILED"
+    retriable = True
+
+
+class DPubFailed(ServerError):
+    code = "E_DPUB_FAILED"
+    retriable = True
+
+
+class SubFailed(ServerError):
+    code = "E_SUB_FAILED"
+    retriable = True
+
+
+class IdentifyFailed(ServerError):
+    code = "E_IDENTIFY_FAILED"
+
+
+class AuthFailed(ServerError):
+    """nsqd could not reach its auth server, or the auth server failed."""
+
+    code = "E_AUTH_FAILED"
+    retriable = True
+
+
+class Unauthorized(ServerError):
+    """The auth server gave this secret no permission for the topic/channel."""
+
+    code = "E_UNAUTHORIZED"
+
+
+class AuthDisabled(ServerError):
+    code = "E_AUTH_DISABLED"
+
+
+class AuthFirst(ServerError):
+    code = "E_AUTH_FIRST"
+
+
+class AuthServerError(ServerError):
+    code = "E_AUTH_ERROR"
+    retriable = True
+
+
+class FinFailed(ServerError):
+    """FIN for a message nsqd no longer considers in flight (timed out, or another connection's)."""
+
+    code = "E_FIN_FAILED"
+    fatal = False
+
+
+class ReqFailed(ServerError):
+    code = "E_REQ_FAILED"
+    fatal = False
+
+
+class TouchFailed(ServerError):
+    code = "E_TOUCH_FAILED"
+    fatal = False
+
+
+_BY_CODE: dict[str, type[ServerError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidError,
+        BadBody,
+        BadTopic,
+        BadChannel,
+        BadMessage,
+        PubFailed,
+        MPubFailed,
+        DPubFailed,
+        SubFailed,
+        IdentifyFailed,
+        AuthFailed,
+        Unauthorized,
+        AuthDisabled,
+        AuthFirst,
+        AuthServerError,
+        FinFailed,
+        ReqFailed,
+        TouchFailed,
+    )
+}
+
+
+def error_from_frame(data: bytes) -> ServerError:
+    """Build the exception for the payload of an error frame (``b"E_CODE text"``).
+
+    Unknown codes become a plain :class:`ServerError` that keeps the code (fatal, like every
+    error nsqd does not document as non-fatal). Never raises.
+    """
+    text = data.decode("utf-8", "replace")
+    code, _, rest = text.partition(" ")
+    cls = _BY_CODE.get(code, ServerError)
+    return cls(code or "E_UNKNOWN", rest)
+
+
+# --------------------------------------------------------------------------- client-level errors
+
+
+class PublishError(NSQError):
+    """A publish did not succeed on any nsqd; ``reason`` is the last underlying error."""
+
+    def __init__(self, message: str, reason: BaseException | None = None) -> None:
+        super().__init__(message, reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.args[0]}: {self.reason!r}" if self.reason else str(self.args[0])
+
+
+class HTTPAPIError(NSQError):
+    """An nsqd or nsqlookupd HTTP request failed.
+
+    Attributes:
+        url: the URL requested.
+        status: the HTTP status, or None when no response arrived.
+        body: the response body (truncated), if any.
+    """
+
+    def __init__(self, message: str, url: str = "", status: int | None = None, body: str = "") -> None:
+        super().__init__(message, url, status, body)
+        self.url = url
+        self.status = status
+        self.body = body
+
+    def __str__(self) -> str:
+        parts = [str(self.args[0])]
+        if self.url:
+            parts.append(f"url={self.url}")
+        if self.status is not None:
+            parts.append(f"status={self.status}")
+        if self.body:
+            parts.append(f"body={self.body[:200]!r}")
+        return " ".join(parts)
+
+
+class LookupdError(HTTPAPIError):
+    """An nsqlookupd HTTP request failed."""
+
+
+class Stopped(NSQError):
+    """The consumer or producer was stopped/closed and cannot be used any more."""
+
+
+class RequeueMessage(NSQError):
+    """Raise from a handler to requeue the message without logging it as a failure.
+
+    Args:
+        delay: seconds before nsqd redelivers it; None uses the consumer's default policy.
+        backoff: whether this counts as a failure for the consumer's backoff.
+    """
+
+    def __init__(self, delay: float | None = None, backoff: bool = True) -> None:
+        super().__init__(delay, backoff)
+        self.delay = delay
+        self.backoff = backoff

@@ -1,0 +1,164 @@
+"""Pure encoders for every command of the NSQ V2 protocol: arguments in, bytes out.
+
+Inputs are validated before any bytes are produced, so nothing half-valid reaches the wire.
+Durations are float seconds; they become integer milliseconds only here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any, Union
+
+from nsq_sync.errors import InvalidBody, LocalProtocolError
+from nsq_sync.protocol.constants import MAGIC_V2, MESSAGE_ID_SIZE
+from nsq_sync.protocol.names import validate_channel, validate_topic
+
+Body = Union[bytes, bytearray, memoryview, str]
+
+_U32 = struct.Struct(">I")
+_MAX_RDY = 2**31 - 1
+
+NOP = b"NOP\n"
+CLS = b"CLS\n"
+
+
+def to_body(body: object, *, index: int | None = None) -> bytes:
+    """Return ``body`` as non-empty bytes (str is encoded as UTF-8).
+
+    Raises:
+        InvalidBody: the body is empty or not bytes-like/str.
+    """
+    where = "" if index is None else f" (message {index})"
+    if isinstance(body, bytes):
+        data = body
+    elif isinstance(body, (bytearray, memoryview)):
+        data = bytes(body)
+    elif isinstance(body, str):
+        data = body.encode("utf-8")
+    else:
+        raise InvalidBody(f"message body{where} must be bytes or str, got {type(body).__name__}")
+    if not data:
+        raise InvalidBody(f"message body{where} is empty; nsqd rejects empty messages")
+    return data
+
+
+def _ms(seconds: float, what: str) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise LocalProtocolError(f"{what} must be a number of seconds, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise LocalProtocolError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
+    ms = int(round(seconds * 1000))
+    if ms > 2**31 - 1:
+        raise LocalProtocolError(f"{what} of {seconds} s is too long")
+    return ms
+
+
+def _msg_id(message_id: bytes) -> bytes:
+    if not isinstance(message_id, (bytes, bytearray)) or len(message_id) != MESSAGE_ID_SIZE:
+        raise LocalProtocolError(f"message id must be {MESSAGE_ID_SIZE} bytes, got {message_id!r}")
+    return bytes(message_id)
+
+
+def magic() -> bytes:
+    """The 4-byte protocol version that opens every connection."""
+    return MAGIC_V2
+
+
+def identify(data: Mapping[str, Any]) -> bytes:
+    """``IDENTIFY`` with a JSON body (keys as the spec names them, durations already in ms)."""
+    body = json.dumps(dict(data), separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return b"IDENTIFY\n" + _U32.pack(len(body)) + body
+
+
+def auth(secret: Union[str, bytes]) -> bytes:
+    """``AUTH`` with the secret as the body.
+
+    Raises:
+        LocalProtocolError: the secret is empty.
+    """
+    data = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if not data:
+        raise LocalProtocolError("auth secret is empty")
+    return b"AUTH\n" + _U32.pack(len(data)) + data
+
+
+def sub(topic: str, channel: str) -> bytes:
+    """``SUB <topic> <channel>``. Raises InvalidName for bad names."""
+    t = validate_topic(topic)
+    c = validate_channel(channel)
+    return f"SUB {t} {c}\n".encode("ascii")
+
+
+def pub(topic: str, body: Body) -> bytes:
+    """``PUB <topic>`` + one body. Raises InvalidName / InvalidBody."""
+    t = validate_topic(topic)
+    data = to_body(body)
+    return b"PUB " + t.encode("ascii") + b"\n" + _U32.pack(len(data)) + data
+
+
+def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
+    """``MPUB <topic>`` + a batch of bodies, published atomically.
+
+    Raises:
+        InvalidName: bad topic.
+        InvalidBody: no bodies, or one of them empty / of the wrong type.
+    """
+    t = validate_topic(topic)
+    if isinstance(bodies, (bytes, bytearray, memoryview, str)):
+        raise InvalidBody("MPUB takes a sequence of bodies, not a single body")
+    datas = [to_body(b, index=i) for i, b in enumerate(bodies)]
+    if not datas:
+        raise InvalidBody("MPUB needs at least one message")
+    parts = [_U32.pack(len(datas))]
+    for d in datas:
+        parts.append(_U32.pack(len(d)))
+        parts.append(d)
+    payload = b"".join(parts)
+    return b"MPUB " + t.encode("ascii") + b"\n" + _U32.pack(len(payload)) + payload
+
+
+def dpub(topic: str, delay: float, body: Body) -> bytes:
+    """``DPUB <topic> <defer_ms>`` + one body; ``delay`` in seconds.
+
+    Raises:
+        InvalidName, InvalidBody, LocalProtocolError (negative or non-finite delay).
+    """
+    t = validate_topic(topic)
+    ms = _ms(delay, "deferred publish delay")
+    data = to_body(body)
+    return b"DPUB %s %d\n" % (t.encode("ascii"), ms) + _U32.pack(len(data)) + data
+
+
+def rdy(count: int) -> bytes:
+    """``RDY <count>``. Raises LocalProtocolError for a negative or non-int count."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_RDY:
+        raise LocalProtocolError(f"RDY count must be an int >= 0, got {count!r}")
+    return b"RDY %d\n" % count
+
+
+def fin(message_id: bytes) -> bytes:
+    """``FIN <id>``."""
+    return b"FIN " + _msg_id(message_id) + b"\n"
+
+
+def req(message_id: bytes, delay: float) -> bytes:
+    """``REQ <id> <timeout_ms>``; ``delay`` in seconds (0 requeues at once)."""
+    return b"REQ %s %d\n" % (_msg_id(message_id), _ms(delay, "requeue delay"))
+
+
+def touch(message_id: bytes) -> bytes:
+    """``TOUCH <id>``: reset the message's in-flight timeout."""
+    return b"TOUCH " + _msg_id(message_id) + b"\n"
+
+
+def cls() -> bytes:
+    """``CLS``: ask nsqd to stop sending; it answers ``CLOSE_WAIT``."""
+    return CLS
+
+
+def nop() -> bytes:
+    """``NOP``: the answer to a heartbeat."""
+    return NOP

@@ -1,0 +1,283 @@
+"""A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
+
+Each publish waits for *its own* answer: responses are matched in FIFO order per connection,
+so many threads pipeline through one connection without waiting for each other.
+
+Failover: the producer sticks to one nsqd (the first that works, in the order given) and moves to
+the next one when a connection fails (refused, reset, timed out) or nsqd answers with a
+*retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
+the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
+
+Duplicate risk: when a connection dies after a PUB was written but before its OK arrived, the
+outcome is unknown; the producer republishes on the next nsqd, so the message may be delivered
+twice (at-least-once). Make consumers idempotent, or disable failover with a single address.
+
+Fork safety: the producer remembers the pid that created its connections. In a forked child
+(gunicorn, celery, Spark workers) the first publish drops the inherited connections without
+touching the parent's sockets and dials new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
+
+from nsq_sync.config import Config
+from nsq_sync.connection import NsqdConnection
+from nsq_sync.errors import (
+    ConfigError,
+    InvalidBody,
+    NSQConnectionError,
+    ProtocolError,
+    PublishError,
+    ServerError,
+    Stopped,
+)
+from nsq_sync.protocol import commands
+from nsq_sync.protocol.commands import Body
+from nsq_sync.runtime import Runtime, resolve_runtime
+from nsq_sync.transport import parse_address
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Producer"]
+
+
+class _Slot:
+    """One nsqd of the pool: its connection (if any) and its reconnect backoff."""
+
+    __slots__ = ("address", "conn", "lock", "failures", "retry_at", "last_error")
+
+    def __init__(self, address: str, runtime: Runtime) -> None:
+        self.address = address
+        self.conn: Optional[NsqdConnection] = None
+        self.lock = runtime.lock()
+        self.failures = 0
+        self.retry_at = 0.0
+        self.last_error: Optional[BaseException] = None
+
+
+class Producer:
+    """Publishes to nsqd over TCP. Thread-safe; a context manager.
+
+    Args:
+        nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference.
+        config: a :class:`~nsq_sync.config.Config`; keyword ``overrides`` are applied on top.
+        runtime: ``"auto"``, ``"threads"`` or ``"gevent"``.
+
+    Raises:
+        ConfigError: no address, a malformed address, or an invalid option.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: Union[str, Sequence[str]],
+        config: Optional[Config] = None,
+        *,
+        runtime: Any = "auto",
+        **overrides: Any,
+    ) -> None:
+        addresses = [nsqd_tcp_addresses] if isinstance(nsqd_tcp_addresses, str) else list(nsqd_tcp_addresses)
+        if not addresses:
+            raise ConfigError("Producer needs at least one nsqd TCP address")
+        for address in addresses:
+            parse_address(address)
+        self.config = (config or Config()).replace(**overrides)
+        self.runtime: Runtime = resolve_runtime(runtime)
+        self.addresses = addresses
+        self._closed = False
+        self._rng = random.Random()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._pid = os.getpid()
+        self._slots = [_Slot(a, self.runtime) for a in self.addresses]
+        self._current = 0
+        self._active = 0
+        self._active_lock = self.runtime.lock()
+        self._idle = self.runtime.event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ public API
+
+    def publish(self, topic: str, body: Body, *, timeout: Optional[float] = None) -> None:
+        """PUB one message and wait for nsqd's OK. Thread-safe.
+
+        Raises:
+            InvalidName, InvalidBody: bad topic or body (empty, over ``max_msg_size``); nothing
+                is sent.
+            ServerError: nsqd rejected it (E_BAD_TOPIC, E_BAD_MESSAGE, E_UNAUTHORIZED...).
+            PublishError: no nsqd accepted it (``reason`` holds the last error).
+            Stopped: the producer is closed.
+        """
+        data = commands.pub(topic, body)
+        # "PUB " + topic + "\n" + 4-byte size precede the body
+        self._check_size(len(data) - len(topic) - 9, None)
+        self._publish(data, timeout)
+
+    def multi_publish(self, topic: str, bodies: Iterable[Body], *, timeout: Optional[float] = None) -> None:
+        """MPUB a batch atomically (all or none) and wait for OK. Thread-safe.
+
+        Raises:
+            InvalidName, InvalidBody: bad topic, no bodies, an empty or oversized body, or a batch
+                over ``max_body_size``; nothing is sent.
+            ServerError, PublishError, Stopped: as :meth:`publish`.
+        """
+        bodies = list(bodies) if not isinstance(bodies, (bytes, bytearray, memoryview, str)) else bodies
+        data = commands.mpub(topic, bodies)
+        for i, b in enumerate(bodies):
+            self._check_size(len(b) if not isinstance(b, str) else len(b.encode("utf-8")), i)
+        limit = self.config.max_body_size
+        if limit is not None and len(data) > limit:
+            raise InvalidBody(f"MPUB batch of {len(data)} bytes exceeds max_body_size {limit}")
+        self._publish(data, timeout)
+
+    def deferred_publish(
+        self, topic: str, body: Body, delay: float, *, timeout: Optional[float] = None
+    ) -> None:
+        """DPUB: nsqd delivers the message after ``delay`` seconds. Thread-safe.
+
+        Raises:
+            ConfigError: ``delay`` negative, not finite, or over ``max_defer``; nothing is sent.
+            InvalidName, InvalidBody, ServerError, PublishError, Stopped: as :meth:`publish`.
+        """
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (
+            0 <= delay <= self.config.max_defer
+        ):
+            raise ConfigError(
+                f"deferred publish delay must be between 0 and max_defer "
+                f"({self.config.max_defer} s), got {delay!r}"
+            )
+        data = commands.dpub(topic, float(delay), body)
+        self._check_size(len(commands.to_body(body)), None)
+        self._publish(data, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
+        connections. Idempotent, thread-safe."""
+        self._closed = True
+        if os.getpid() == self._pid:
+            self._idle.wait(timeout)
+            for slot in self._slots:
+                if slot.conn is not None:
+                    slot.conn.close()
+                    slot.conn.join(1.0)
+                    slot.conn = None
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_size(self, size: int, index: Optional[int]) -> None:
+        limit = self.config.max_msg_size
+        if limit is not None and size > limit:
+            where = "" if index is None else f" (message {index})"
+            raise InvalidBody(f"message body{where} of {size} bytes exceeds max_msg_size {limit}")
+
+    def _publish(self, data: bytes, timeout: Optional[float]) -> None:
+        if self._closed:
+            raise Stopped("producer is closed")
+        if os.getpid() != self._pid:
+            self._after_fork()
+        with self._active_lock:
+            self._active += 1
+            self._idle.clear()
+        try:
+            self._publish_with_failover(data, self.config.publish_timeout if timeout is None else timeout)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._idle.set()
+
+    def _publish_with_failover(self, data: bytes, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error: Optional[BaseException] = None
+        n = len(self._slots)
+        while True:
+            start = self._current
+            tried = False
+            for k in range(n):
+                slot = self._slots[(start + k) % n]
+                if slot.retry_at > time.monotonic():
+                    continue
+                tried = True
+                try:
+                    conn = self._connection(slot)
+                    conn.request(data, max(0.001, deadline - time.monotonic()))
+                except ServerError as exc:
+                    if not exc.retriable:
+                        raise
+                    last_error = exc
+                    self._mark_failed(slot, exc)
+                except ProtocolError as exc:
+                    # Garbage from the peer (typically nsqd's HTTP port given as its TCP port) is a
+                    # configuration error: do not hammer that address.
+                    last_error = exc
+                    self._mark_failed(slot, exc, delay=self.config.reconnect_backoff_max)
+                except NSQConnectionError as exc:
+                    last_error = exc
+                    self._mark_failed(slot, exc)
+                else:
+                    self._current = (start + k) % n
+                    return
+            remaining = deadline - time.monotonic()
+            next_try = min(s.retry_at for s in self._slots) - time.monotonic()
+            if remaining <= 0 or (not tried and next_try > remaining):
+                last_error = last_error or next((s.last_error for s in self._slots if s.last_error), None)
+                raise PublishError(
+                    f"publish failed on every nsqd ({', '.join(self.addresses)})", last_error
+                )
+            if next_try > 0:
+                self.runtime.sleep(min(next_try, remaining))
+
+    def _connection(self, slot: _Slot) -> NsqdConnection:
+        conn = slot.conn
+        if conn is not None and not conn.closed:
+            return conn
+        with slot.lock:
+            conn = slot.conn
+            if conn is not None and not conn.closed:
+                return conn
+            conn = NsqdConnection(slot.address, self.config, runtime=self.runtime)
+            conn.connect()
+            conn.start_reader()
+            slot.conn = conn
+            slot.failures = 0
+            slot.retry_at = 0.0
+            log.debug("producer connected to %s", slot.address)
+            return conn
+
+    def _mark_failed(self, slot: _Slot, error: BaseException, delay: Optional[float] = None) -> None:
+        slot.last_error = error
+        slot.failures += 1
+        if delay is None:
+            # exponential backoff with jitter, capped; the first retry comes quickly
+            cap = self.config.reconnect_backoff_max
+            delay = min(cap, 0.05 * (2 ** min(slot.failures - 1, 16)))
+            delay *= 0.5 + self._rng.random() / 2
+        slot.retry_at = time.monotonic() + delay
+        conn, slot.conn = slot.conn, None
+        if conn is not None:
+            conn.close()
+        log.warning("nsqd %s failed (%s); retrying it in %.2f s", slot.address, error, delay)
+
+    def _after_fork(self) -> None:
+        # The child inherited the parent's sockets (and maybe locks held by threads that no
+        # longer exist). Close only our copies of the descriptors, never shut the sockets down.
+        for slot in self._slots:
+            if slot.conn is not None:
+                slot.conn.abandon()
+        self._reset_state()

@@ -1,0 +1,239 @@
+"""The only socket user: a TCP connection with optional TLS and compression layers.
+
+TLS runs on :class:`ssl.SSLObject` over memory BIOs instead of :class:`ssl.SSLSocket`: the reader
+thread decrypts while worker threads encrypt, and OpenSSL does not allow one SSL object to be
+used by two threads at once. With memory BIOs every OpenSSL call is short, non-blocking and made
+under ``_tls_lock``, while the blocking socket reads and writes happen outside it.
+
+The socket is duplicated so the reading side has ``read_timeout`` and the writing side
+``write_timeout`` (Python sockets carry a single timeout).
+
+Lock order: ``_write_lock`` before ``_tls_lock``.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any, Optional
+
+from nsq_sync.errors import ConnectionClosed, ConnectTimeout, NSQConnectionError, ReadTimeout, TLSError
+from nsq_sync.protocol.codecs import Codec
+from nsq_sync.runtime import Runtime
+
+_RECV_SIZE = 256 * 1024
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too).
+
+    Raises:
+        ConfigError: no port, a non-numeric port, or a URL given instead of ``host:port``.
+    """
+    from nsq_sync.errors import ConfigError
+
+    if not isinstance(address, str) or "://" in address or "/" in address:
+        raise ConfigError(f"nsqd TCP address must be 'host:port', got {address!r}")
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"nsqd TCP address must be 'host:port', got {address!r}")
+    return host, int(port)
+
+
+class Transport:
+    """A connected socket plus optional TLS and compression. ``recv`` from one reader at a time;
+    ``send`` is thread-safe."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        address: str,
+        *,
+        dial_timeout: float,
+        read_timeout: float,
+        write_timeout: float,
+    ) -> None:
+        self.address = address
+        self._runtime = runtime
+        self._write_lock = runtime.lock()
+        self._tls_lock = runtime.lock()
+        self._tls: Optional[ssl.SSLObject] = None
+        self._tls_in: Optional[ssl.MemoryBIO] = None
+        self._tls_out: Optional[ssl.MemoryBIO] = None
+        self._codec: Optional[Codec] = None
+        self._pending_plain = b""
+        self.closed = False
+        host, port = parse_address(address)
+        try:
+            sock = runtime.create_connection((host, port), dial_timeout)
+        except socket.timeout as exc:
+            raise ConnectTimeout(f"connect timed out after {dial_timeout} s", address) from exc
+        except OSError as exc:
+            raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(read_timeout)
+        self._rsock: Any = sock
+        self._wsock: Any = sock.dup()
+        self._wsock.settimeout(write_timeout)
+        self.read_timeout = read_timeout
+
+    # ------------------------------------------------------------------ upgrades (handshake only)
+
+    def start_tls(self, context: ssl.SSLContext, server_hostname: Optional[str], initial: bytes) -> None:
+        """Run the TLS handshake; ``initial`` holds bytes already read past the IDENTIFY reply.
+
+        Raises:
+            TLSError: the handshake failed (certificate not verified, protocol mismatch).
+        """
+        self._tls_in = ssl.MemoryBIO()
+        self._tls_out = ssl.MemoryBIO()
+        try:
+            tls = context.wrap_bio(self._tls_in, self._tls_out, server_hostname=server_hostname)
+        except (ValueError, ssl.SSLError) as exc:
+            raise TLSError(f"cannot start TLS: {exc}", self.address) from exc
+        if initial:
+            self._tls_in.write(initial)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self._send_raw(self._tls_out.read())
+                data = self._recv_raw()
+                if not data:
+                    raise TLSError("connection closed during the TLS handshake", self.address) from None
+                self._tls_in.write(data)
+            except ssl.SSLCertVerificationError as exc:
+                raise TLSError(f"TLS certificate did not verify: {exc.verify_message}", self.address) from exc
+            except ssl.SSLError as exc:
+                raise TLSError(f"TLS handshake failed: {exc}", self.address) from exc
+        self._send_raw(self._tls_out.read())
+        self._tls = tls
+
+    def install_codec(self, codec: Codec, initial: bytes) -> None:
+        """Compress everything from now on; ``initial`` (already-read plaintext) is decoded first
+        and returned by the next :meth:`recv`."""
+        self._codec = codec
+        if initial:
+            self._pending_plain = codec.decompress(initial)
+
+    @property
+    def tls_version(self) -> Optional[str]:
+        return self._tls.version() if self._tls is not None else None
+
+    # ------------------------------------------------------------------ I/O
+
+    def recv(self) -> bytes:
+        """Return the next plaintext bytes; ``b""`` when the peer closed. One reader at a time.
+
+        Raises:
+            ReadTimeout: nothing arrived within ``read_timeout``.
+            ConnectionClosed: the connection was closed locally.
+            NSQConnectionError: a socket or TLS error.
+        """
+        if self._pending_plain:
+            data, self._pending_plain = self._pending_plain, b""
+            return data
+        while True:
+            raw = self._recv_raw()
+            if not raw:
+                return b""
+            if self._tls is not None:
+                raw = self._decrypt(raw)
+            if self._codec is not None and raw:
+                raw = self._codec.decompress(raw)
+            if raw:
+                return raw
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` whole (compressed and encrypted as negotiated). Thread-safe.
+
+        Raises:
+            ConnectionClosed, NSQConnectionError (including a write timeout).
+        """
+        with self._write_lock:
+            if self._codec is not None:
+                data = self._codec.compress(data)
+            if self._tls is not None:
+                with self._tls_lock:
+                    self._tls.write(data)
+                    data = self._tls_out.read()  # type: ignore[union-attr]
+            self._send_raw(data)
+
+    def _decrypt(self, raw: bytes) -> bytes:
+        assert self._tls is not None and self._tls_in is not None and self._tls_out is not None
+        chunks = []
+        with self._tls_lock:
+            self._tls_in.write(raw)
+            while True:
+                try:
+                    chunk = self._tls.read(_RECV_SIZE)
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:
+                    break
+                except ssl.SSLError as exc:
+                    raise TLSError(f"TLS error: {exc}", self.address) from exc
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            pending_out = self._tls_out.pending
+        if pending_out:  # e.g. the answer to a TLS 1.3 key update
+            with self._write_lock:
+                with self._tls_lock:
+                    out = self._tls_out.read()
+                self._send_raw(out)
+        return b"".join(chunks)
+
+    def _recv_raw(self) -> bytes:
+        try:
+            return bytes(self._rsock.recv(_RECV_SIZE))
+        except socket.timeout as exc:
+            if self.closed:
+                raise ConnectionClosed("connection closed", self.address, by_server=False) from exc
+            raise ReadTimeout(
+                f"no data from nsqd for {self.read_timeout} s (missed heartbeats)", self.address
+            ) from exc
+        except OSError as exc:
+            if self.closed:
+                raise ConnectionClosed("connection closed", self.address, by_server=False) from exc
+            raise NSQConnectionError(f"read failed: {exc}", self.address) from exc
+
+    def _send_raw(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.closed:
+            raise ConnectionClosed("connection closed", self.address, by_server=False)
+        try:
+            self._wsock.sendall(data)
+        except socket.timeout as exc:
+            raise NSQConnectionError("write timed out", self.address) from exc
+        except OSError as exc:
+            raise ConnectionClosed(f"write failed: {exc}", self.address) from exc
+
+    def abandon(self) -> None:
+        """Forget the socket in a forked child: close our descriptors without shutting the
+        connection down (the parent still uses it)."""
+        self.closed = True
+        for sock in (self._wsock, self._rsock):
+            try:
+                sock.close()  # close(2) only; shutdown(2) would cut the parent too
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close both socket handles; a reader blocked in :meth:`recv` wakes up. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for sock in (self._rsock, self._wsock):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for sock in (self._wsock, self._rsock):
+            try:
+                sock.close()
+            except OSError:
+                pass

@@ -1,0 +1,52 @@
+"""Backoff strategies (pure: an RNG is injected, no clock).
+
+``compute(level)`` returns the seconds to wait at a backoff level >= 1: ``multiplier * 2**level``
+capped at ``max_duration`` (exponential), or a uniform draw below that (full jitter, which
+spreads many consumers' retries apart).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ExponentialBackoff:
+    """``multiplier * 2**level`` seconds, at most ``max_duration``."""
+
+    multiplier: float = 1.0
+    max_duration: float = 120.0
+
+    def compute(self, level: int) -> float:
+        if level <= 0:
+            return 0.0
+        # cap the exponent before computing to avoid overflow at silly levels
+        return float(min(self.max_duration, self.multiplier * (2.0 ** min(level, 62))))
+
+    def max_level(self) -> int:
+        """The first level whose duration reaches ``max_duration`` (levels above add nothing)."""
+        level = 1
+        while self.multiplier * 2.0**level < self.max_duration and level < 62:
+            level += 1
+        return level
+
+
+@dataclass
+class FullJitterBackoff(ExponentialBackoff):
+    """A uniform draw in ``[0, exponential(level)]`` (the AWS "full jitter" strategy)."""
+
+    rng: random.Random = field(default_factory=random.Random)
+
+    def compute(self, level: int) -> float:
+        return self.rng.uniform(0.0, super().compute(level))
+
+
+def make_backoff(
+    strategy: str, multiplier: float, max_duration: float, rng: Optional[random.Random] = None
+) -> ExponentialBackoff:
+    """Build the strategy named in the config (``"exponential"`` or ``"full_jitter"``)."""
+    if strategy == "full_jitter":
+        return FullJitterBackoff(multiplier, max_duration, rng or random.Random())
+    return ExponentialBackoff(multiplier, max_duration)

@@ -1,0 +1,495 @@
+"""Consumer: wiring and lifecycle only.
+
+    socket ──► reader task (one per nsqd) ──► dispatch queue ──► worker pool ──► handler(message)
+    discovery task (lookupd polls with jitter) ──► connect / reconnect / retire nsqds
+    RDY manager (one per consumer, pure policy) ◄── every message, FIN, REQ, timer tick
+
+Lock order: ``_lock`` (RDY manager + connection table) is the only consumer lock; RDY commands
+are written while holding it so the wire order matches the manager's view. User code (handler,
+giving_up) never runs under it, nor on a reader task.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from nsq_sync._http_base import parse_http_address
+from nsq_sync.backoff import make_backoff
+from nsq_sync.config import Config
+from nsq_sync.connection import NsqdConnection
+from nsq_sync.discovery import ConnectionManager
+from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
+from nsq_sync.errors import ConfigError, NSQConnectionError, ServerError, Stopped
+from nsq_sync.message import Message
+from nsq_sync.protocol import commands
+from nsq_sync.protocol.events import MessageFrame
+from nsq_sync.protocol.names import validate_channel, validate_topic
+from nsq_sync.rdy import RDYManager
+from nsq_sync.runtime import Runtime, resolve_runtime
+from nsq_sync.transport import parse_address
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConnectionStats", "Consumer", "ConsumerStats"]
+
+
+@dataclass(frozen=True)
+class ConnectionStats:
+    address: str
+    rdy: int
+    in_flight: int
+    messages_received: int
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    """A snapshot of a consumer's state (see :meth:`Consumer.stats`)."""
+
+    connections: list[ConnectionStats] = field(default_factory=list)
+    max_in_flight: int = 0
+    total_rdy: int = 0
+    in_flight: int = 0
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    gave_up: int = 0
+    skipped: int = 0
+    backoff_level: int = 0
+    in_backoff: bool = False
+    is_starved: bool = False
+
+
+class Consumer:
+    """Consumes ``topic``/``channel`` from nsqd(s), running ``handler(message)`` on a worker pool.
+
+    ``handler`` returning finishes the message; raising requeues it (with backoff). See
+    :mod:`nsq_sync.dispatch` for the exact rules, ``max_attempts`` and ``giving_up``.
+
+    Args:
+        topic, channel: what to subscribe to.
+        handler: called with each :class:`~nsq_sync.message.Message` on a worker.
+        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``).
+        lookupd_http_addresses: nsqlookupds to discover nsqds from.
+        concurrency: number of worker tasks running the handler.
+        giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
+        config: a Config; keyword ``overrides`` (any Config option) apply on top.
+        runtime: ``"auto"`` (gevent if gevent patched ``socket``), ``"threads"`` or ``"gevent"``.
+
+    Raises:
+        InvalidName: a bad topic or channel name.
+        ConfigError: no addresses, a malformed one, or an invalid option.
+
+    Thread-safety: every public method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        nsqd_tcp_addresses: Union[str, Sequence[str]] = (),
+        lookupd_http_addresses: Union[str, Sequence[str]] = (),
+        concurrency: int = 1,
+        giving_up: Optional[GiveUpHandler] = None,
+        config: Optional[Config] = None,
+        runtime: Any = "auto",
+        **overrides: Any,
+    ) -> None:
+        self.topic = validate_topic(topic)
+        self.channel = validate_channel(channel)
+        if not callable(handler):
+            raise ConfigError(f"handler must be callable, got {handler!r}")
+        if giving_up is not None and not callable(giving_up):
+            raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        direct = [nsqd_tcp_addresses] if isinstance(nsqd_tcp_addresses, str) else list(nsqd_tcp_addresses)
+        lookupds = (
+            [lookupd_http_addresses]
+            if isinstance(lookupd_http_addresses, str)
+            else list(lookupd_http_addresses)
+        )
+        if not direct and not lookupds:
+            raise ConfigError("Consumer needs nsqd_tcp_addresses and/or lookupd_http_addresses")
+        for address in direct:
+            parse_address(address)
+        lookupds = [parse_http_address(a)[0] for a in lookupds]
+        self.config = (config or Config()).replace(**overrides)
+        self.runtime: Runtime = resolve_runtime(runtime)
+        self.handler = handler
+        self.log = logging.LoggerAdapter(
+            logging.getLogger(f"nsq_sync.consumer.{self.topic}.{self.channel}"), {}
+        )
+        cfg = self.config
+        self._lock = self.runtime.rlock()
+        backoff = None
+        if cfg.max_backoff_duration > 0 and cfg.backoff_multiplier > 0:
+            backoff = make_backoff(cfg.backoff_strategy, cfg.backoff_multiplier, cfg.max_backoff_duration)
+        self._rdy = RDYManager(
+            cfg.max_in_flight,
+            backoff=backoff,
+            low_rdy_idle_timeout=cfg.low_rdy_idle_timeout,
+            redistribute_interval=cfg.rdy_redistribute_interval,
+            clock=time.monotonic,
+        )
+        self._conns: dict[str, NsqdConnection] = {}
+        self._retiring: set[str] = set()
+        self._pool = WorkerPool(
+            self.runtime,
+            handler,
+            concurrency=concurrency,
+            max_attempts=cfg.max_attempts,
+            giving_up=giving_up,
+            log=self.log,
+            is_stale=self._is_stale,
+            on_skip=self._on_skip,
+            on_gave_up=self._on_gave_up,
+        )
+        self._discovery = ConnectionManager(
+            topic=self.topic,
+            direct=direct,
+            lookupds=lookupds,
+            poll_interval=cfg.lookupd_poll_interval,
+            poll_jitter=cfg.lookupd_poll_jitter,
+            http_timeout=cfg.lookupd_http_timeout,
+            reconnect_max=cfg.reconnect_backoff_max,
+            runtime=self.runtime,
+            connected=self._connected_addresses,
+            connect=self._spawn_connect,
+            retire=self._retire,
+            log=self.log,
+        )
+        self._rdy_wakeup = self.runtime.event()
+        self._stopped_event = self.runtime.event()
+        self._started = False
+        self._stopping = False
+        self._rdy_task: Any = None
+        self._counts = {"received": 0, "finished": 0, "requeued": 0, "gave_up": 0, "skipped": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start workers, discovery and connections; returns at once.
+
+        Raises:
+            Stopped: the consumer was stopped (consumers are not restartable).
+        """
+        if self._stopping:
+            raise Stopped("consumer was stopped; create a new one")
+        if self._started:
+            return
+        self._started = True
+        name = f"{self.topic}/{self.channel}"
+        self._pool.start(name)
+        self._rdy_task = self.runtime.spawn(self._rdy_loop, name=f"nsq_sync-rdy-{name}")
+        self._discovery.start(name)
+
+    def run(self) -> None:
+        """Start, block until :meth:`stop` or SIGTERM/SIGINT, then stop gracefully.
+
+        Signal handlers are installed only when called from the main thread, and restored after.
+        """
+        self.start()
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._stopped_event.wait()  # signals interrupt the wait on POSIX
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.log.info("signal %d received; stopping", signum)
+        self._stopped_event.set()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
+        running handlers (and async messages) finish until ``timeout``, CLS, close.
+
+        Returns:
+            True when everything in flight was answered before the deadline.
+
+        Idempotent; later calls return at once.
+        """
+        with self._lock:
+            if self._stopping:
+                return True
+            self._stopping = True
+            self._stopped_event.set()
+        deadline = time.monotonic() + timeout
+        self._discovery.stop(timeout)
+        self._rdy_wakeup.set()
+        with self._lock:
+            self._apply(self._rdy.set_max_in_flight(0))
+        for message in self._pool.drain():
+            message.requeue(0.0, backoff=False)
+        while self._total_in_flight() > 0 and time.monotonic() < deadline:
+            for message in self._pool.drain():  # arrived after RDY 0 was sent
+                message.requeue(0.0, backoff=False)
+            self.runtime.sleep(0.01)
+        clean = self._total_in_flight() == 0
+        if not clean:
+            self.log.warning(
+                "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
+                self._total_in_flight(),
+            )
+        self._pool.stop(max(0.1, deadline - time.monotonic()))
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            try:
+                conn.send(commands.cls())
+            except NSQConnectionError:
+                pass
+        for conn in conns:
+            conn.close()
+            conn.join(max(0.1, deadline - time.monotonic()))
+        if self._rdy_task is not None:
+            self._rdy_task.join(1.0)
+        return clean
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ queries
+
+    def is_starved(self) -> bool:
+        """True when some connection has >= 85 % of its RDY in flight (flush batches now)."""
+        with self._lock:
+            return self._rdy.is_starved()
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change the total in-flight credit at run time; 0 pauses consumption.
+
+        Raises:
+            ConfigError: not an int >= 0.
+        """
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 0:
+            raise ConfigError(f"max_in_flight must be an int >= 0, got {max_in_flight!r}")
+        with self._lock:
+            self._apply(self._rdy.set_max_in_flight(max_in_flight))
+        self._rdy_wakeup.set()
+
+    def stats(self) -> ConsumerStats:
+        """A consistent snapshot of connections, RDY, in-flight and counters."""
+        with self._lock:
+            conns = [
+                ConnectionStats(addr, st.rdy, st.in_flight, self._conns[addr].messages_received)
+                for addr, st in self._rdy.conns.items()
+                if addr in self._conns
+            ]
+            return ConsumerStats(
+                connections=conns,
+                max_in_flight=self._rdy.max_in_flight,
+                total_rdy=self._rdy.total_rdy,
+                in_flight=self._total_in_flight(),
+                backoff_level=self._rdy.backoff_level,
+                in_backoff=self._rdy.in_backoff,
+                is_starved=self._rdy.is_starved(),
+                **self._counts,
+            )
+
+    @property
+    def connections(self) -> list[str]:
+        with self._lock:
+            return sorted(self._conns)
+
+    # ------------------------------------------------------------------ connections
+
+    def _connected_addresses(self) -> set[str]:
+        with self._lock:
+            return set(self._conns)
+
+    def _spawn_connect(self, address: str) -> None:
+        self.runtime.spawn(self._connect, address, name=f"nsq_sync-connect-{address}")
+
+    def _connect(self, address: str) -> None:
+        conn = NsqdConnection(address, self.config, runtime=self.runtime, handler=self)
+        try:
+            conn.connect()
+            conn.subscribe(self.topic, self.channel)
+        except Exception as exc:
+            self.log.warning("cannot connect to nsqd %s: %s", address, exc)
+            self._discovery.connect_failed(address)
+            return
+        with self._lock:
+            if self._stopping:
+                conn.close()
+                return
+            self._conns[address] = conn
+            self._retiring.discard(address)
+            conn.start_reader()
+            self._apply(self._rdy.add(address, conn.max_rdy_count))
+        self._discovery.connect_succeeded(address)
+        self._rdy_wakeup.set()
+        self.log.info("connected to nsqd %s (max_rdy_count %d)", address, conn.max_rdy_count)
+
+    def _retire(self, address: str) -> None:
+        """nsqd vanished from lookupd: hand its credit elsewhere, close once drained."""
+        with self._lock:
+            conn = self._conns.get(address)
+            if conn is None or address in self._retiring:
+                return
+            self._retiring.add(address)
+            self._apply(self._rdy.remove(address))
+            self._send(conn, commands.rdy(0))
+            drained = conn.in_flight == 0
+        self.log.info("nsqd %s is no longer listed by lookupd; retiring it", address)
+        if drained:
+            conn.close()
+
+    def _apply(self, actions: list[tuple[Any, int]]) -> None:
+        """Send RDY updates in order (caller holds ``_lock``)."""
+        for address, count in actions:
+            conn = self._conns.get(address)
+            if conn is not None:
+                self._send(conn, commands.rdy(count))
+
+    def _send(self, conn: NsqdConnection, data: bytes) -> bool:
+        try:
+            conn.send(data)
+            return True
+        except NSQConnectionError as exc:
+            self.log.debug("write to %s failed: %s", conn.address, exc)
+            conn.close()
+            return False
+
+    def _total_in_flight(self) -> int:
+        with self._lock:
+            return sum(c.in_flight for c in self._conns.values())
+
+    def _rdy_loop(self) -> None:
+        """Drives the RDY manager's timers (backoff expiry, redistribution); sleeps otherwise."""
+        while not self._stopping:
+            with self._lock:
+                deadline = self._rdy.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._rdy_wakeup.wait(timeout)
+            self._rdy_wakeup.clear()
+            if self._stopping:
+                return
+            with self._lock:
+                self._apply(self._rdy.tick())
+
+    # ------------------------------------------------------------------ ConnectionHandler (reader tasks)
+
+    def on_message(self, conn: NsqdConnection, frame: MessageFrame) -> None:
+        message = Message(
+            frame.id, frame.body, frame.timestamp, frame.attempts, self, conn.address, conn
+        )
+        with self._lock:
+            self._counts["received"] += 1
+            if self._stopping or conn.address in self._retiring:
+                stale = True
+            else:
+                stale = False
+                self._apply(self._rdy.on_message(conn.address))
+        if stale:
+            message.requeue(0.0, backoff=False)
+        else:
+            self._pool.submit(message)
+
+    def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
+        if error.fatal:
+            self.log.error("nsqd %s: %s; the connection will be replaced", conn.address, error)
+        else:
+            self.log.warning("nsqd %s: %s", conn.address, error)
+
+    def on_response(self, conn: NsqdConnection, data: bytes) -> None:
+        if data == b"CLOSE_WAIT":
+            self.log.debug("nsqd %s acknowledged CLS", conn.address)
+        else:
+            self.log.debug("nsqd %s sent an unexpected response %r", conn.address, data[:100])
+
+    def on_close(self, conn: NsqdConnection, error: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._conns.get(conn.address) is conn:
+                del self._conns[conn.address]
+                self._apply(self._rdy.remove(conn.address))
+            retiring = conn.address in self._retiring
+            self._retiring.discard(conn.address)
+        if conn.in_flight:
+            self.log.warning(
+                "connection to %s closed with %d message(s) in flight; nsqd will redeliver them",
+                conn.address,
+                conn.in_flight,
+            )
+        if not self._stopping and not retiring:
+            self._discovery.connection_lost(conn.address)
+        self._rdy_wakeup.set()
+
+    # ------------------------------------------------------------------ Responder (workers, app threads)
+
+    def _requeue_delay(self, message: Message) -> float:
+        cfg = self.config
+        return min(cfg.default_requeue_delay * message.attempts, cfg.max_requeue_delay)
+
+    def finish(self, message: Message) -> None:
+        conn: NsqdConnection = message._conn  # type: ignore[assignment]
+        self._respond(conn, commands.fin(message.id), "finished")
+        with self._lock:
+            self._apply(self._rdy.on_finish(conn.address))
+        self._after_response(conn)
+
+    def requeue(self, message: Message, delay: Optional[float], backoff: bool) -> None:
+        conn: NsqdConnection = message._conn  # type: ignore[assignment]
+        if delay is None:
+            delay = self._requeue_delay(message)
+        delay = min(delay, self.config.max_requeue_delay)
+        self._respond(conn, commands.req(message.id, delay), "requeued")
+        with self._lock:
+            before = self._rdy.next_deadline()
+            self._apply(self._rdy.on_requeue(conn.address, backoff=backoff and not self._stopping))
+            if self._rdy.next_deadline() != before:
+                self._rdy_wakeup.set()
+        self._after_response(conn)
+
+    def touch(self, message: Message) -> None:
+        conn: NsqdConnection = message._conn  # type: ignore[assignment]
+        self._send(conn, commands.touch(message.id))
+
+    def _respond(self, conn: NsqdConnection, data: bytes, what: str) -> None:
+        with conn.stats_lock:
+            if conn.in_flight > 0:
+                conn.in_flight -= 1
+        if not self._send(conn, data):
+            self.log.warning(
+                "could not tell nsqd %s the message was %s (connection lost); nsqd will redeliver it",
+                conn.address,
+                what,
+            )
+        with self._lock:
+            self._counts[what] += 1
+
+    def _after_response(self, conn: NsqdConnection) -> None:
+        if conn.address in self._retiring and conn.in_flight == 0:
+            conn.close()
+
+    # ------------------------------------------------------------------ WorkerPool hooks
+
+    def _is_stale(self, message: Message) -> bool:
+        conn: NsqdConnection = message._conn  # type: ignore[assignment]
+        return conn.closed
+
+    def _on_skip(self, message: Message) -> None:
+        with self._lock:
+            self._counts["skipped"] += 1
+        self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
+
+    def _on_gave_up(self, message: Message) -> None:
+        with self._lock:
+            self._counts["gave_up"] += 1

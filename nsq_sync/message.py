@@ -1,0 +1,113 @@
+"""The Message handed to handlers; finish/requeue/touch go through the consumer's responder."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Responder(Protocol):
+    """What a message answers through (the consumer). Implementations are thread-safe."""
+
+    def finish(self, message: Message) -> None: ...
+
+    def requeue(self, message: Message, delay: Optional[float], backoff: bool) -> None: ...
+
+    def touch(self, message: Message) -> None: ...
+
+
+class Message:
+    """One message delivered by nsqd.
+
+    Attributes:
+        id: 16-byte message id.
+        body: the payload.
+        timestamp: when nsqd received it, nanoseconds since the epoch.
+        attempts: delivery attempts, this one included (1 on first delivery).
+        nsqd_address: TCP address of the nsqd that delivered it (FIN must go back there).
+
+    ``finish``, ``requeue`` and ``touch`` are thread-safe; the first of finish/requeue wins and
+    later calls are ignored (with a debug log), as in go-nsq.
+    """
+
+    __slots__ = (
+        "id",
+        "body",
+        "timestamp",
+        "attempts",
+        "nsqd_address",
+        "_responder",
+        "_responded",
+        "_async",
+        "_conn",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        id: bytes,
+        body: bytes,
+        timestamp: int,
+        attempts: int,
+        responder: Optional[Responder] = None,
+        nsqd_address: str = "",
+        conn: object = None,
+    ) -> None:
+        self.id = id
+        self.body = body
+        self.timestamp = timestamp
+        self.attempts = attempts
+        self.nsqd_address = nsqd_address
+        self._responder = responder
+        self._responded = False
+        self._async = False
+        self._conn = conn
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id.decode('ascii', 'replace')} attempts={self.attempts} "
+            f"size={len(self.body)}>"
+        )
+
+    @property
+    def has_responded(self) -> bool:
+        """True once finish() or requeue() was called."""
+        return self._responded
+
+    @property
+    def is_async(self) -> bool:
+        return self._async
+
+    def enable_async(self) -> None:
+        """Tell the consumer the handler will respond later (from any thread): returning from the
+        handler then neither finishes nor requeues the message. Call touch() if it takes longer
+        than nsqd's msg_timeout."""
+        self._async = True
+
+    def _claim(self, what: str) -> bool:
+        if self._responded:
+            log.debug("%s ignored: message %r already answered", what, self.id)
+            return False
+        self._responded = True
+        return True
+
+    def finish(self) -> None:
+        """FIN: processed successfully; nsqd forgets it."""
+        if self._claim("finish") and self._responder is not None:
+            self._responder.finish(self)
+
+    def requeue(self, delay: Optional[float] = None, backoff: bool = True) -> None:
+        """REQ: nsqd redelivers it after ``delay`` seconds (None: the consumer's policy,
+        ``default_requeue_delay * attempts`` capped at ``max_requeue_delay``). ``backoff``
+        counts it as a failure for the consumer's backoff."""
+        if delay is not None and (not isinstance(delay, (int, float)) or delay < 0):
+            raise ValueError(f"requeue delay must be seconds >= 0, got {delay!r}")
+        if self._claim("requeue") and self._responder is not None:
+            self._responder.requeue(self, delay, backoff)
+
+    def touch(self) -> None:
+        """TOUCH: reset nsqd's timeout for this message (it stays in flight longer)."""
+        if not self._responded and self._responder is not None:
+            self._responder.touch(self)

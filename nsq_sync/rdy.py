@@ -1,0 +1,323 @@
+"""The RDY manager: all of a consumer's in-flight credit, as pure policy.
+
+No sockets, no threads: the consumer calls these methods (under one lock) and sends the returned
+``(key, count)`` RDY updates *in order*. Decreases always come before increases in a batch, so the
+sum of RDY over connections never exceeds ``max_in_flight``, including while connections come and
+go. Time comes from an injected clock and choices from an injected RNG, so every rule is table
+testable.
+
+Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
+
+* a new connection gets RDY 1 (bootstrap); its first message raises it to its even share
+  ``max_in_flight // connections`` (the remainder goes to the first connections), never above the
+  nsqd's ``max_rdy_count``;
+* a connection whose remaining RDY falls to 25 % of the last value sent (or 0) gets an update;
+* when ``max_in_flight`` < connections, not everyone can hold RDY 1: every
+  ``rdy_redistribute_interval`` credit is taken back from connections idle for longer than
+  ``low_rdy_idle_timeout`` and from connections that held it for a whole interval, and handed to
+  connections chosen at random, so every nsqd with messages is eventually served;
+* backoff is global: a failure raises the level, sends RDY 0 everywhere and waits
+  ``backoff.compute(level)``; then one random connection gets RDY 1 to test the water. A success
+  lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
+  backoff window: results that arrive while the timer runs are ignored.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Optional
+
+from nsq_sync.backoff import ExponentialBackoff
+
+Action = tuple[Hashable, int]
+
+#: go-nsq's threshold for is_starved(): a connection is starved when this share of its RDY is
+#: in flight.
+STARVED_RATIO = 0.85
+
+
+@dataclass
+class ConnRDY:
+    """What the manager knows about one connection."""
+
+    max_rdy: int
+    rdy: int = 0  # last RDY value sent
+    remaining: int = 0  # messages nsqd may still send before the next RDY
+    in_flight: int = 0
+    last_msg_at: float = 0.0
+    granted_at: float = 0.0  # when rdy last went from 0 to > 0
+
+
+class RDYManager:
+    """In-flight credit for one consumer. Not thread-safe: callers serialise access.
+
+    Args:
+        max_in_flight: total credit (0 pauses the consumer).
+        backoff: the strategy, or None to disable backoff.
+        low_rdy_idle_timeout: seconds without messages after which credit is reclaimed
+            (only when credit is scarce or while backing off).
+        redistribute_interval: seconds between redistributions when credit is scarce.
+        clock: monotonic seconds.
+        rng: choices of connections.
+    """
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        *,
+        backoff: Optional[ExponentialBackoff] = None,
+        low_rdy_idle_timeout: float = 10.0,
+        redistribute_interval: float = 5.0,
+        clock: Callable[[], float],
+        rng: Optional[random.Random] = None,
+    ) -> None:
+        self.max_in_flight = max_in_flight
+        self.backoff = backoff
+        self.low_rdy_idle_timeout = low_rdy_idle_timeout
+        self.redistribute_interval = redistribute_interval
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.conns: dict[Hashable, ConnRDY] = {}
+        self.backoff_level = 0
+        self.backoff_until: Optional[float] = None  # timer running until then
+        self.testing = False  # timer expired, one connection probes with RDY 1
+        self.next_redistribute = 0.0
+        self._shares: dict[Hashable, int] = {}
+        self._total = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def total_rdy(self) -> int:
+        """Sum of the RDY last sent to every connection (never above max_in_flight)."""
+        return self._total
+
+    @property
+    def in_backoff(self) -> bool:
+        return self.backoff_level > 0
+
+    @property
+    def scarce(self) -> bool:
+        """True when max_in_flight cannot give every connection RDY 1."""
+        return 0 < self.max_in_flight < len(self.conns)
+
+    def share(self, key: Hashable) -> int:
+        """The even split of max_in_flight for ``key`` (>= 1), capped by its max_rdy_count."""
+        return self._shares.get(key, 0)
+
+    def _recompute_shares(self) -> None:
+        # Cached: on_message (the hot path) reads shares for every message.
+        n = len(self.conns)
+        self._shares = {}
+        if n == 0 or self.max_in_flight == 0:
+            return
+        base, extra = divmod(self.max_in_flight, n)
+        for index, (key, conn) in enumerate(self.conns.items()):
+            share = 1 if base == 0 else base + (1 if index < extra else 0)
+            self._shares[key] = min(share, conn.max_rdy)
+
+    def is_starved(self) -> bool:
+        """True when some connection has at least 85 % of its RDY in flight: the handler is the
+        bottleneck and batching handlers should flush."""
+        return any(c.in_flight > 0 and c.in_flight >= c.rdy * STARVED_RATIO for c in self.conns.values())
+
+    def next_deadline(self) -> Optional[float]:
+        """When :meth:`tick` next has work to do, or None."""
+        deadlines = []
+        if self.backoff_until is not None:
+            deadlines.append(self.backoff_until)
+        if self.scarce and not self.in_backoff:
+            deadlines.append(self.next_redistribute)
+        return min(deadlines) if deadlines else None
+
+    # ------------------------------------------------------------------ events
+
+    def add(self, key: Hashable, max_rdy: int) -> list[Action]:
+        """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1."""
+        self.conns[key] = ConnRDY(max_rdy=max(1, max_rdy))
+        self._recompute_shares()
+        actions = self._trim_to_shares()
+        if self.in_backoff or self.max_in_flight == 0:
+            return actions
+        if self.total_rdy + 1 <= self.max_in_flight:
+            actions.append(self._set(key, 1))
+        return actions
+
+    def remove(self, key: Hashable) -> list[Action]:
+        """A connection closed: its credit returns to the pool (handed out on later events)."""
+        conn = self.conns.pop(key, None)
+        if conn is not None:
+            self._total -= conn.rdy
+        self._recompute_shares()
+        if self.testing and not any(c.rdy for c in self.conns.values()):
+            return self._probe()
+        if self.scarce and not self.in_backoff:
+            return self._fill_random()
+        return []
+
+    def on_message(self, key: Hashable) -> list[Action]:
+        """A message arrived on ``key``."""
+        conn = self.conns.get(key)
+        if conn is None:
+            return []
+        conn.in_flight += 1
+        conn.last_msg_at = self.clock()
+        if conn.remaining > 0:
+            conn.remaining -= 1
+        if self.in_backoff or self.max_in_flight == 0:
+            return []
+        if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
+            return self._raise_to_share(key)
+        return []
+
+    def on_finish(self, key: Hashable) -> list[Action]:
+        """A message of ``key`` was finished (FIN): one success for backoff."""
+        self._done(key)
+        return self._result(success=True)
+
+    def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
+        """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""
+        self._done(key)
+        return self._result(success=False) if backoff else []
+
+    def on_in_flight_lost(self, key: Hashable) -> None:
+        """A message was neither finished nor requeued through us (its connection closed)."""
+        self._done(key)
+
+    def set_max_in_flight(self, max_in_flight: int) -> list[Action]:
+        """Change the total credit at run time; 0 pauses (RDY 0 everywhere)."""
+        self.max_in_flight = max_in_flight
+        self._recompute_shares()
+        actions = self._trim_to_shares()
+        if max_in_flight == 0 or self.in_backoff:
+            return actions
+        if self.scarce:
+            return actions + self._fill_random()
+        for key in self.conns:
+            if self.conns[key].rdy == 0:
+                actions += self._raise_to_share(key)
+        return actions
+
+    def tick(self) -> list[Action]:
+        """Run timers: backoff expiry and redistribution. Call at :meth:`next_deadline`."""
+        now = self.clock()
+        if self.backoff_until is not None and now >= self.backoff_until:
+            self.backoff_until = None
+            self.testing = True
+            return self._probe()
+        if self.scarce and not self.in_backoff and now >= self.next_redistribute:
+            self.next_redistribute = now + self.redistribute_interval
+            return self._redistribute(now)
+        return []
+
+    # ------------------------------------------------------------------ internals
+
+    def _set(self, key: Hashable, count: int) -> Action:
+        conn = self.conns[key]
+        if conn.rdy == 0 and count > 0:
+            conn.granted_at = self.clock()
+        self._total += count - conn.rdy
+        conn.rdy = count
+        conn.remaining = count
+        return (key, count)
+
+    def _done(self, key: Hashable) -> None:
+        conn = self.conns.get(key)
+        if conn is not None and conn.in_flight > 0:
+            conn.in_flight -= 1
+
+    def _trim_to_shares(self) -> list[Action]:
+        """Lower every connection above its share (or to 0 while paused / backing off)."""
+        actions = []
+        scarce = self.scarce
+        for key, conn in self.conns.items():
+            if self.max_in_flight == 0 or (self.in_backoff and not self.testing):
+                limit = 0
+            else:
+                limit = self.share(key)
+            if conn.rdy > limit:
+                actions.append(self._set(key, limit))
+        if scarce and not self.in_backoff:
+            # scarce credit: RDY 1 each, never more than max_in_flight of them
+            holders = [k for k, c in self.conns.items() if c.rdy > 0]
+            self.rng.shuffle(holders)
+            while len(holders) > self.max_in_flight:
+                actions.append(self._set(holders.pop(), 0))
+        return actions
+
+    def _raise_to_share(self, key: Hashable) -> list[Action]:
+        conn = self.conns[key]
+        others = self.total_rdy - conn.rdy
+        count = min(self.share(key), self.max_in_flight - others)
+        if count <= 0:
+            return []
+        return [self._set(key, count)]
+
+    def _fill_random(self) -> list[Action]:
+        available = self.max_in_flight - self.total_rdy
+        idle = [k for k, c in self.conns.items() if c.rdy == 0]
+        self.rng.shuffle(idle)
+        return [self._set(k, 1) for k in idle[: max(0, available)]]
+
+    def _redistribute(self, now: float) -> list[Action]:
+        actions = []
+        waiting = any(c.rdy == 0 for c in self.conns.values())
+        for key, conn in self.conns.items():
+            if conn.rdy == 0:
+                continue
+            idle = now - max(conn.last_msg_at, conn.granted_at) > self.low_rdy_idle_timeout
+            held_long = waiting and now - conn.granted_at >= self.redistribute_interval
+            if idle or held_long:
+                actions.append(self._set(key, 0))
+        # hand the credit to random connections, including ones just reclaimed: a fair draw
+        available = self.max_in_flight - self.total_rdy
+        candidates = [k for k, c in self.conns.items() if c.rdy == 0]
+        chosen = self.rng.sample(candidates, min(len(candidates), max(0, available)))
+        zeroed = {k for k, _ in actions}
+        for key in chosen:
+            if key in zeroed:
+                # it keeps its credit: drop the pending RDY 0 instead of sending 0 then 1
+                actions = [a for a in actions if a[0] != key]
+                self._set(key, 1)
+            else:
+                actions.append(self._set(key, 1))
+        return actions
+
+    def _probe(self) -> list[Action]:
+        """Backoff timer expired: RDY 1 to one random connection."""
+        if not self.conns:
+            return []
+        key = self.rng.choice(list(self.conns))
+        return [self._set(key, 1)]
+
+    def _result(self, success: bool) -> list[Action]:
+        if self.backoff is None:
+            return []
+        if self.backoff_until is not None:
+            return []  # one result per backoff window: the timer is still running
+        if success:
+            if self.backoff_level == 0:
+                return []
+            self.backoff_level -= 1
+            if self.backoff_level == 0:
+                self.testing = False
+                return self._restore()
+            return self._start_backoff()
+        self.backoff_level = min(self.backoff_level + 1, self.backoff.max_level())
+        return self._start_backoff()
+
+    def _start_backoff(self) -> list[Action]:
+        self.testing = False
+        duration = self.backoff.compute(self.backoff_level) if self.backoff else 0.0
+        self.backoff_until = self.clock() + duration
+        return [self._set(k, 0) for k, c in self.conns.items() if c.rdy > 0]
+
+    def _restore(self) -> list[Action]:
+        actions = self._trim_to_shares()
+        if self.scarce:
+            return actions + self._fill_random()
+        for key in self.conns:
+            actions += self._raise_to_share(key)
+        return actions

@@ -1,0 +1,128 @@
+"""Run a script against a throwaway nsqlookupd and nsqd.
+
+Usage::
+
+    python -m nsq_sync.testing.demo examples/quickstart.py [script args...]
+
+Starts an nsqlookupd and an nsqd registered with it, both on free loopback ports, runs the script
+with the same Python interpreter and these environment variables set, then stops the servers:
+
+- ``NSQD_TCP_ADDRESS``: nsqd's TCP address, ``127.0.0.1:port``
+- ``NSQD_HTTP_ADDRESS``: nsqd's HTTP address, ``127.0.0.1:port``
+- ``NSQLOOKUPD_HTTP_ADDRESS``: nsqlookupd's HTTP address, ``127.0.0.1:port``
+- ``NSQLOOKUPD_TCP_ADDRESS``: nsqlookupd's TCP address, ``127.0.0.1:port``
+
+The exit status is the script's (128 + N when a signal N ended it, 124 when it outlives
+``--timeout``, 130 on Ctrl-C). SIGTERM sent to the runner is passed on to the script, and the
+servers are stopped in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from nsq_sync.testing.process import (
+    NsqBinaryNotFound,
+    NsqdProcess,
+    NsqlookupdProcess,
+    NsqProcessError,
+)
+
+_TIMEOUT_STATUS = 124
+_INTERRUPTED_STATUS = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nsq_sync.testing.demo",
+        description="Run a Python script against a throwaway nsqlookupd and nsqd on loopback ports.",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds the script may run before it is killed (default: %(default)s)",
+    )
+    parser.add_argument("script", help="path of the Python script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return parser
+
+
+def _log(message: str) -> None:
+    print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Start the servers, run the script, stop the servers.
+
+    Args:
+        argv: Command-line arguments (without the program name); ``sys.argv[1:]`` when omitted.
+
+    Returns:
+        The script's exit status, 124 on timeout, 130 on Ctrl-C, or 2 when the servers can't run.
+    """
+    parser = _parser()
+    options = parser.parse_args(argv)
+    if not os.path.isfile(options.script):
+        parser.error(f"no such script: {options.script}")
+    try:
+        with (
+            NsqlookupdProcess() as lookupd,
+            NsqdProcess(lookupd_tcp_addresses=[lookupd.tcp_address]) as nsqd,
+        ):
+            lookupd.wait_for_nodes([nsqd])
+            env = dict(os.environ)
+            env.update(
+                NSQD_TCP_ADDRESS=nsqd.tcp_address,
+                NSQD_HTTP_ADDRESS=nsqd.http_address,
+                NSQLOOKUPD_HTTP_ADDRESS=lookupd.http_address,
+                NSQLOOKUPD_TCP_ADDRESS=lookupd.tcp_address,
+            )
+            _log(
+                f"nsqd tcp={nsqd.tcp_address} http={nsqd.http_address}; "
+                f"nsqlookupd tcp={lookupd.tcp_address} http={lookupd.http_address}"
+            )
+            return _run_script(options.script, options.args, env, options.timeout)
+    except (NsqBinaryNotFound, NsqProcessError) as exc:
+        _log(f"error: {exc}")
+        return 2
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _run_script(script: str, args: Sequence[str], env: dict[str, str], timeout: float) -> int:
+    proc = subprocess.Popen([sys.executable, script, *args], env=env)
+
+    def forward_sigterm(signum: int, frame: FrameType | None) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward_sigterm)
+    try:
+        return _exit_status(proc.wait(timeout=timeout))
+    except subprocess.TimeoutExpired:
+        _log(f"error: {script} still running after {timeout} s; killing it")
+        proc.kill()
+        proc.wait(timeout=10.0)
+        return _TIMEOUT_STATUS
+    except KeyboardInterrupt:
+        # The script got the same SIGINT (same process group); give it a moment to finish.
+        try:
+            proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10.0)
+        return _INTERRUPTED_STATUS
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

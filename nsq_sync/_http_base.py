@@ -1,0 +1,396 @@
+"""Plumbing shared by the nsqd and nsqlookupd HTTP clients (:mod:`nsq_sync.http`,
+:mod:`nsq_sync.lookupd`).
+
+Both servers speak the same small HTTP dialect, so one base class owns what they have in common:
+
+- Address parsing. Users write ``127.0.0.1:4151`` or ``http://127.0.0.1:4151`` (both forms appear
+  in go-nsq, pynsq and the nsq tools' flags). Anything else, such as a missing port, an ``ftp://``
+  scheme or a path, is a configuration mistake and fails at construction with the address in the
+  message, rather than as a confusing 404 on the first request.
+- One ``requests.Session`` per client, so keep-alive connections are reused. Creating a Session
+  does no I/O, so constructing a client never touches the network.
+- A timeout on every request. requests waits forever by default, and a hung nsqlookupd must not
+  hang a worker.
+- Uniform errors. Every failure becomes the client's error class (``HTTPAPIError`` or
+  ``LookupdError``) with ``url``, ``status`` (None when no response arrived) and ``body``, and
+  transport errors are chained with ``from``.
+- The pre-1.0 response envelope. nsqd/nsqlookupd before v1.0 wrapped JSON in
+  ``{"status_code": .., "status_txt": .., "data": ..}`` unless the request asked for
+  ``Accept: application/vnd.nsq; version=1.0``. We always send that header and still unwrap an
+  envelope when one arrives.
+- Fork safety. A Session's pooled sockets inherited through ``fork()`` (gunicorn, celery, Spark
+  workers) must not be used by parent and child at once, so a client that owns its Session starts
+  a fresh one when it finds itself in a new process (redis-py's ``_checkpid``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlencode
+
+import requests
+
+from nsq_sync._version import __version__
+from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "HTTPClientBase",
+    "parse_http_address",
+    "split_host_port",
+    "unwrap_envelope",
+]
+
+#: Seconds each HTTP request may take (connect, and then each read), unless told otherwise.
+DEFAULT_TIMEOUT = 5.0
+
+# Asks pre-1.0 servers for the bare JSON format that v1.x always uses.
+_ACCEPT = "application/vnd.nsq; version=1.0"
+_USER_AGENT = f"nsq_sync/{__version__}"
+# Error bodies from nsqd are tiny ({"message":"TOPIC_NOT_FOUND"}); anything longer is not nsqd.
+_MAX_ERROR_BODY = 4096
+
+_PORT_RE = re.compile(r"[0-9]+")
+_HOST_RE = re.compile(r"[A-Za-z0-9._-]+")
+# IPv6 literals only; zone ids ("%eth0") are not supported (URLs would need them as "%25eth0").
+_IPV6_RE = re.compile(r"[0-9A-Fa-f:.]+")
+
+_C = TypeVar("_C", bound="HTTPClientBase")
+
+
+def split_host_port(
+    text: str, *, what: str = "address", original: str | None = None
+) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` for IPv6) into host and port.
+
+    Args:
+        text: the address, without scheme.
+        what: how the error message refers to the value.
+        original: the value as the user wrote it, for the error message (default ``text``).
+
+    Returns:
+        ``(host, port)``; IPv6 hosts are returned without brackets.
+
+    Raises:
+        ConfigError: naming the address and what is wrong with it.
+    """
+    shown = text if original is None else original
+
+    def bad(reason: str) -> ConfigError:
+        return ConfigError(f"invalid {what} {shown!r}: {reason}")
+
+    if text.startswith("["):
+        end = text.find("]")
+        if end == -1:
+            raise bad("unclosed '[' in IPv6 address")
+        host, rest = text[1:end], text[end + 1 :]
+        if not rest.startswith(":"):
+            raise bad("missing port (expected '[ipv6]:port')")
+        port_text = rest[1:]
+        if not _IPV6_RE.fullmatch(host) or ":" not in host:
+            raise bad(f"{host!r} is not an IPv6 address")
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise bad("missing port (expected 'host:port')")
+        if ":" in host:
+            raise bad("IPv6 addresses must be bracketed, as in '[::1]:4151'")
+        if not host:
+            raise bad("missing host")
+        if not _HOST_RE.fullmatch(host):
+            raise bad(f"{host!r} is not a valid host name")
+    if not _PORT_RE.fullmatch(port_text):
+        raise bad(f"port {port_text!r} is not a number" if port_text else "missing port")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise bad(f"port {port} is out of range 1-65535")
+    return host, port
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, bracketing IPv6 hosts like Go's ``net.JoinHostPort``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_http_address(address: object) -> tuple[str, str]:
+    """Normalise an nsqd/nsqlookupd HTTP address.
+
+    Accepts ``host:port``, ``http://host:port`` and ``https://host:port`` (surrounding whitespace
+    and a single trailing ``/`` are ignored; the scheme is case-insensitive).
+
+    Args:
+        address: what the user configured.
+
+    Returns:
+        ``(base_url, host_port)``, e.g. ``("http://127.0.0.1:4151", "127.0.0.1:4151")``.
+
+    Raises:
+        ConfigError: naming the address, for a non-str, a missing host or port, a scheme other than
+            http/https, or a path, query, fragment or credentials.
+    """
+    if not isinstance(address, str):
+        raise ConfigError(
+            f"invalid HTTP address {address!r}: expected a str like 'host:port' or "
+            f"'http://host:port', got {type(address).__name__}"
+        )
+    text = address.strip()
+    scheme = "http"
+    rest = text
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        scheme = scheme.lower()
+        if scheme not in ("http", "https"):
+            raise ConfigError(
+                f"invalid HTTP address {address!r}: scheme must be http or https, got {scheme!r}"
+            )
+    if rest.endswith("/"):
+        rest = rest[:-1]
+    for char, part in (
+        ("/", "a path"),
+        ("?", "a query"),
+        ("#", "a fragment"),
+        ("@", "credentials"),
+    ):
+        if char in rest:
+            raise ConfigError(
+                f"invalid HTTP address {address!r}: expected 'host:port' or 'http://host:port' "
+                f"without {part}"
+            )
+    host, port = split_host_port(rest, what="HTTP address", original=address)
+    host_port = join_host_port(host, port)
+    return f"{scheme}://{host_port}", host_port
+
+
+def validate_timeout(timeout: object) -> float:
+    """Return ``timeout`` as float seconds.
+
+    Raises:
+        ConfigError: for a non-number, a non-finite value or one <= 0.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigError(f"timeout: expected seconds as a number, got {timeout!r}")
+    value = float(timeout)
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout!r}")
+    return value
+
+
+def unwrap_envelope(data: Any) -> Any:
+    """Strip the pre-1.0 ``{"status_code", "status_txt", "data"}`` envelope, if present.
+
+    v1.x servers return the payload bare; older ones wrapped it unless asked not to. A v1.x payload
+    never has all three keys, so the check cannot misfire on current servers. Never raises.
+    """
+    if isinstance(data, dict) and {"status_code", "status_txt", "data"} <= data.keys():
+        return data["data"]
+    return data
+
+
+def _error_text(body: str) -> str:
+    """nsqd's error code from a ``{"message": "CODE"}`` body, or the body itself."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:200]
+    if isinstance(data, dict):
+        for key in ("message", "status_txt"):  # v1.x, then the pre-1.0 envelope
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return body.strip()[:200]
+
+
+class HTTPClientBase:
+    """Base of :class:`~nsq_sync.http.NsqdHTTPClient` and :class:`~nsq_sync.lookupd.LookupdClient`.
+
+    Not meant to be used directly; see those classes for the constructor arguments.
+    """
+
+    #: Raised for every failed request; subclasses narrow it (LookupdError).
+    _error_class: ClassVar[type[HTTPAPIError]] = HTTPAPIError
+    #: How messages name the server ("nsqd", "nsqlookupd").
+    _server: ClassVar[str] = "nsq"
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        session: requests.Session | None = None,
+    ) -> None:
+        self._base_url, self._address = parse_http_address(address)
+        self._timeout = validate_timeout(timeout)
+        if session is not None and not isinstance(session, requests.Session):
+            raise ConfigError(f"session: expected a requests.Session, got {session!r}")
+        self._owns_session = session is None
+        self._session = requests.Session() if session is None else session
+        self._pid = os.getpid()
+        self._closed = False
+
+    # ------------------------------------------------------------------ public, shared
+
+    @property
+    def address(self) -> str:
+        """The server's ``host:port`` (normalised; IPv6 hosts in brackets)."""
+        return self._address
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` or ``https://host:port``, without a trailing slash."""
+        return self._base_url
+
+    @property
+    def timeout(self) -> float:
+        """Seconds allowed for connecting and then for each read, per request."""
+        return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has been called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the client's connections; later requests raise :class:`~nsq_sync.errors.Stopped`.
+
+        A ``session`` passed to the constructor belongs to the caller and is left open. Idempotent;
+        never raises.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_session:
+            self._session.close()
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<{type(self).__name__} {self._base_url}{state}>"
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def _url(self, path: str, params: Mapping[str, str] | None = None) -> str:
+        query = f"?{urlencode(params)}" if params else ""
+        return f"{self._base_url}{path}{query}"
+
+    def _current_session(self) -> requests.Session:
+        if self._closed:
+            raise Stopped(f"{type(self).__name__} for {self._base_url} is closed")
+        if self._owns_session and self._pid != os.getpid():
+            # Forked: the inherited pool's sockets are shared with the parent. Drop the session
+            # without closing it (closing could disturb the parent's TLS sessions) and start anew.
+            self._session = requests.Session()
+            self._pid = os.getpid()
+        return self._session
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+    ) -> requests.Response:
+        """Send one request; return the response if its status is 2xx.
+
+        Raises:
+            HTTPAPIError (or the subclass's error class): with ``status=None`` and the requests
+                exception chained when no response arrived, else with the status and body.
+            Stopped: the client is closed.
+        """
+        session = self._current_session()
+        url = self._url(path, params)
+        where = f"{self._server} {method} {path}"
+        try:
+            response = session.request(
+                method,
+                url,
+                data=data,
+                timeout=self._timeout,
+                headers={"Accept": _ACCEPT, "User-Agent": _USER_AGENT},
+                allow_redirects=False,
+            )
+        except requests.Timeout as exc:
+            raise self._error_class(
+                f"{where}: no response within {self._timeout:g} s ({exc})", url, None
+            ) from exc
+        except requests.RequestException as exc:
+            raise self._error_class(f"{where}: request failed ({exc})", url, None) from exc
+        if not 200 <= response.status_code < 300:
+            body = response.text[:_MAX_ERROR_BODY]
+            raise self._error_class(
+                f"{where} failed: {response.status_code} {_error_text(body)}".rstrip(),
+                url,
+                response.status_code,
+                body,
+            )
+        return response
+
+    def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """GET ``path`` and return its decoded JSON payload (envelope removed).
+
+        Raises:
+            HTTPAPIError (or subclass): the request failed, the body is not JSON, or a pre-1.0
+                envelope reports an error status.
+            Stopped: the client is closed.
+        """
+        response = self._request("GET", path, params)
+        url = self._url(path, params)
+        try:
+            data = json.loads(response.content)
+        except ValueError as exc:
+            raise self._error_class(
+                f"{self._server} GET {path}: response is not JSON ({exc})",
+                url,
+                response.status_code,
+                response.text[:_MAX_ERROR_BODY],
+            ) from exc
+        if isinstance(data, dict) and {"status_code", "status_txt", "data"} <= data.keys():
+            status = data["status_code"]
+            if status != 200:
+                raise self._error_class(
+                    f"{self._server} GET {path} failed: {status} {data['status_txt']}",
+                    url,
+                    status if isinstance(status, int) else response.status_code,
+                    response.text[:_MAX_ERROR_BODY],
+                )
+        return unwrap_envelope(data)
+
+    def _get_json_object(
+        self, path: str, params: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Like :meth:`_get_json`, but the payload must be a JSON object."""
+        data = self._get_json(path, params)
+        if not isinstance(data, dict):
+            raise self._malformed(
+                path, params, f"expected a JSON object, got {type(data).__name__}", data
+            )
+        return data
+
+    def _malformed(
+        self, path: str, params: Mapping[str, str] | None, reason: str, data: Any
+    ) -> HTTPAPIError:
+        """The error for a 2xx response whose JSON does not have the documented shape."""
+        return self._error_class(
+            f"{self._server} GET {path}: unexpected response: {reason}",
+            self._url(path, params),
+            200,
+            json.dumps(data)[:_MAX_ERROR_BODY],
+        )
+
+    def _ping(self) -> bool:
+        self._request("GET", "/ping")
+        return True

@@ -1,12 +1,36 @@
-"""nsq_sync: a synchronous NSQ client for threads and gevent."""
+"""nsq_sync: a synchronous NSQ client for threads and gevent.
+
+    from nsq_sync import Consumer, Producer, Message, Config, NsqdHTTPClient, LookupdClient
+
+Importing the package starts nothing: no threads, no monkey patching, no hostname lookups, no
+logging configuration (only a NullHandler on the ``nsq_sync`` logger), and no optional
+dependency (gevent, snappy, pyspark) is imported.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from nsq_sync._version import __version__
-from nsq_sync.errors import NSQError
+from nsq_sync.config import Config
+from nsq_sync.consumer import Consumer, ConsumerStats
+from nsq_sync.errors import NSQError, RequeueMessage
+from nsq_sync.http import NsqdHTTPClient
+from nsq_sync.lookupd import LookupdClient
+from nsq_sync.message import Message
+from nsq_sync.producer import Producer
 
-__all__ = ["NSQError", "__version__"]
+__all__ = [
+    "Config",
+    "Consumer",
+    "ConsumerStats",
+    "LookupdClient",
+    "Message",
+    "NSQError",
+    "NsqdHTTPClient",
+    "Producer",
+    "RequeueMessage",
+    "__version__",
+]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass
@@ -44,7 +43,7 @@ class FullJitterBackoff(ExponentialBackoff):
 
 
 def make_backoff(
-    strategy: str, multiplier: float, max_duration: float, rng: Optional[random.Random] = None
+    strategy: str, multiplier: float, max_duration: float, rng: random.Random | None = None
 ) -> ExponentialBackoff:
     """Build the strategy named in the config (``"exponential"`` or ``"full_jitter"``)."""
     if strategy == "full_jitter":

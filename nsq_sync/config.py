@@ -16,7 +16,7 @@ import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError
@@ -46,7 +46,9 @@ def parse_duration(value: object, name: str = "duration") -> float:
     raise ConfigError(f"{name}: expected seconds or a duration like '250ms', '5s', got {value!r}")
 
 
-def _opt(default: Any, kind: str, lo: float | None = None, hi: float | None = None, **kw: Any) -> Any:
+def _opt(
+    default: Any, kind: str, lo: float | None = None, hi: float | None = None, **kw: Any
+) -> Any:
     meta = {"kind": kind, "min": lo, "max": hi}
     if "default_factory" in kw:
         return field(default_factory=kw.pop("default_factory"), metadata=meta, **kw)
@@ -68,29 +70,29 @@ class Config:
     read_timeout: float = _opt(60.0, "duration", 0.1, 300.0)
     write_timeout: float = _opt(1.0, "duration", 0.01, 300.0)
     heartbeat_interval: float = _opt(30.0, "duration", 1.0, 300.0)
-    client_id: Optional[str] = _opt(None, "str?")
-    hostname: Optional[str] = _opt(None, "str?")
+    client_id: str | None = _opt(None, "str?")
+    hostname: str | None = _opt(None, "str?")
     user_agent: str = _opt(f"nsq_sync/{__version__}", "str")
-    output_buffer_size: Optional[int] = _opt(16384, "int?", 64, 64 * 1024 * 1024)
-    output_buffer_timeout: Optional[float] = _opt(0.25, "duration?", 0.001, 300.0)
+    output_buffer_size: int | None = _opt(16384, "int?", 64, 64 * 1024 * 1024)
+    output_buffer_timeout: float | None = _opt(0.25, "duration?", 0.001, 300.0)
     sample_rate: int = _opt(0, "int", 0, 99)
-    msg_timeout: Optional[float] = _opt(None, "duration?", 1.0, 86400.0)
+    msg_timeout: float | None = _opt(None, "duration?", 1.0, 86400.0)
     max_frame_size: int = _opt(64 * 1024 * 1024, "int", 1024, 2**31 - 1)
     # --- TLS
     tls_v1: bool = _opt(False, "bool")
-    tls_root_ca_file: Optional[str] = _opt(None, "str?")
-    tls_cert: Optional[str] = _opt(None, "str?")
-    tls_key: Optional[str] = _opt(None, "str?")
+    tls_root_ca_file: str | None = _opt(None, "str?")
+    tls_cert: str | None = _opt(None, "str?")
+    tls_key: str | None = _opt(None, "str?")
     tls_insecure_skip_verify: bool = _opt(False, "bool")
     tls_min_version: str = _opt("TLSv1.2", "str")
-    tls_server_name: Optional[str] = _opt(None, "str?")
-    ssl_context: Optional[ssl.SSLContext] = _opt(None, "ssl", compare=False)
+    tls_server_name: str | None = _opt(None, "str?")
+    ssl_context: ssl.SSLContext | None = _opt(None, "ssl", compare=False)
     # --- compression
     snappy: bool = _opt(False, "bool")
     deflate: bool = _opt(False, "bool")
     deflate_level: int = _opt(6, "int", 1, 9)
     # --- auth
-    auth_secret: Optional[str] = _opt(None, "str?", repr=False)
+    auth_secret: str | None = _opt(None, "str?", repr=False)
     # --- consumer
     max_in_flight: int = _opt(1, "int", 0, 2**31 - 1)
     max_attempts: int = _opt(5, "int", 0, 65535)
@@ -105,8 +107,8 @@ class Config:
     low_rdy_idle_timeout: float = _opt(10.0, "duration", 0.1, 300.0)
     rdy_redistribute_interval: float = _opt(5.0, "duration", 0.001, 300.0)
     # --- producer
-    max_msg_size: Optional[int] = _opt(1024 * 1024, "int?", 1, 2**31 - 1)
-    max_body_size: Optional[int] = _opt(5 * 1024 * 1024, "int?", 1, 2**31 - 1)
+    max_msg_size: int | None = _opt(1024 * 1024, "int?", 1, 2**31 - 1)
+    max_body_size: int | None = _opt(5 * 1024 * 1024, "int?", 1, 2**31 - 1)
     max_defer: float = _opt(3600.0, "duration", 0.0, 86400.0 * 365)
     publish_timeout: float = _opt(10.0, "duration", 0.01, 3600.0)
     reconnect_backoff_max: float = _opt(30.0, "duration", 0.0, 3600.0)
@@ -116,9 +118,9 @@ class Config:
             value = getattr(self, f.name)
             coerced = _coerce(f.name, f.metadata["kind"], value)
             lo, hi = f.metadata["min"], f.metadata["max"]
-            if isinstance(coerced, (int, float)) and not isinstance(coerced, bool):
-                if lo is not None and coerced < lo or hi is not None and coerced > hi:
-                    raise ConfigError(f"{f.name}={value!r} is out of range [{lo}, {hi}]")
+            numeric = isinstance(coerced, (int, float)) and not isinstance(coerced, bool)
+            if numeric and (lo is not None and coerced < lo or hi is not None and coerced > hi):
+                raise ConfigError(f"{f.name}={value!r} is out of range [{lo}, {hi}]")
             if coerced is not value:
                 object.__setattr__(self, f.name, coerced)
         self._check_cross_fields()
@@ -134,7 +136,9 @@ class Config:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be given together")
         if self.tls_min_version not in _TLS_VERSIONS:
-            raise ConfigError(f"tls_min_version must be one of {_TLS_VERSIONS}, got {self.tls_min_version!r}")
+            raise ConfigError(
+                f"tls_min_version must be one of {_TLS_VERSIONS}, got {self.tls_min_version!r}"
+            )
         if self.backoff_strategy not in _BACKOFF_STRATEGIES:
             raise ConfigError(
                 f"backoff_strategy must be one of {_BACKOFF_STRATEGIES}, got {self.backoff_strategy!r}"
@@ -145,7 +149,9 @@ class Config:
                 f"max_requeue_delay ({self.max_requeue_delay})"
             )
         if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
-            raise ConfigError(f"ssl_context must be an ssl.SSLContext, got {type(self.ssl_context).__name__}")
+            raise ConfigError(
+                f"ssl_context must be an ssl.SSLContext, got {type(self.ssl_context).__name__}"
+            )
 
     @property
     def tls_enabled(self) -> bool:
@@ -178,8 +184,8 @@ class Config:
         return cls().replace(**normalised)
 
     @classmethod
-    def from_env(cls, prefix: str = "NSQ_", environ: Mapping[str, str] | None = None) -> Config:
-        """Build a Config from environment variables such as ``NSQ_MAX_IN_FLIGHT=200``.
+    def from_env(cls, prefix: str = "NSQ_SYNC_", environ: Mapping[str, str] | None = None) -> Config:
+        """Build a Config from environment variables such as ``NSQ_SYNC_MAX_IN_FLIGHT=200``.
 
         Variables with the prefix that name no option raise, so typos do not pass silently.
 

@@ -16,7 +16,7 @@ import json
 import logging
 import socket
 import threading
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from nsq_sync._tls import build_ssl_context
 from nsq_sync.config import Config
@@ -52,7 +52,7 @@ class ConnectionHandler(Protocol):
 
     def on_response(self, conn: NsqdConnection, data: bytes) -> None: ...
 
-    def on_close(self, conn: NsqdConnection, error: Optional[BaseException]) -> None: ...
+    def on_close(self, conn: NsqdConnection, error: BaseException | None) -> None: ...
 
 
 class _Waiter:
@@ -61,7 +61,7 @@ class _Waiter:
     def __init__(self, event: Any) -> None:
         self.event = event
         self.result: bytes = b""
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
 
 def identify_body(config: Config) -> dict[str, Any]:
@@ -105,10 +105,10 @@ class NsqdConnection:
     def __init__(
         self,
         address: str,
-        config: Optional[Config] = None,
+        config: Config | None = None,
         *,
         runtime: Any = "auto",
-        handler: Optional[ConnectionHandler] = None,
+        handler: ConnectionHandler | None = None,
     ) -> None:
         parse_address(address)  # fail early on a malformed address
         self.address = address
@@ -117,14 +117,14 @@ class NsqdConnection:
         self.handler = handler
         self.identify: IdentifyResult = IdentifyResult()
         self.log = logging.LoggerAdapter(log, {"nsqd": address})
-        self._transport: Optional[Transport] = None
+        self._transport: Transport | None = None
         self._decoder = FrameDecoder(self.config.max_frame_size)
         self._pending: collections.deque[_Waiter] = collections.deque()
         self._request_lock = self.runtime.lock()
-        self._reader: Optional[Task] = None
+        self._reader: Task | None = None
         self._closing = False
         self.closed = False
-        self.close_error: Optional[BaseException] = None
+        self.close_error: BaseException | None = None
         # RDY / in-flight bookkeeping, owned by the consumer's RDY manager.
         self.stats_lock = threading.Lock()
         self.rdy = 0  # last RDY value sent
@@ -209,7 +209,9 @@ class NsqdConnection:
             try:
                 info = json.loads(reply)
             except ValueError:
-                raise HandshakeError(f"unexpected AUTH response {reply[:100]!r}", self.address) from None
+                raise HandshakeError(
+                    f"unexpected AUTH response {reply[:100]!r}", self.address
+                ) from None
             self.log.debug("authenticated as %s", info.get("identity"))
         elif cfg.auth_secret:
             self.log.warning("auth_secret is set but nsqd does not require AUTH; not sending it")
@@ -243,7 +245,9 @@ class NsqdConnection:
                 self._decoder.receive_data(self._transport.recv())
                 continue
             if event is EOF:
-                raise ConnectionClosed("nsqd closed the connection during the handshake", self.address)
+                raise ConnectionClosed(
+                    "nsqd closed the connection during the handshake", self.address
+                )
             if isinstance(event, Heartbeat):
                 self._transport.send(commands.NOP)
             elif isinstance(event, Response):
@@ -256,7 +260,9 @@ class NsqdConnection:
     def _server_error(self, frame: ErrorFrame) -> BaseException:
         error = frame.to_exception()
         if error.code == "E_INVALID" and "TLS required" in error.text:
-            return TLSError(f"nsqd requires TLS (--tls-required); set tls_v1=True: {error}", self.address)
+            return TLSError(
+                f"nsqd requires TLS (--tls-required); set tls_v1=True: {error}", self.address
+            )
         return error
 
     # ------------------------------------------------------------------ reader
@@ -266,7 +272,7 @@ class NsqdConnection:
         self._reader = self.runtime.spawn(self._read_loop, name=f"nsq_sync-reader-{self.address}")
 
     def _read_loop(self) -> None:
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         transport = self._transport
         decoder = self._decoder
         assert transport is not None
@@ -325,7 +331,7 @@ class NsqdConnection:
         else:
             self.log.error("error from nsqd: %s", error)
 
-    def _finish(self, error: Optional[BaseException]) -> None:
+    def _finish(self, error: BaseException | None) -> None:
         self.close_error = error
         self._close_transport()
         if error is not None:
@@ -404,7 +410,7 @@ class NsqdConnection:
         if self._transport is not None:
             self._transport.close()
 
-    def join(self, timeout: Optional[float] = None) -> bool:
+    def join(self, timeout: float | None = None) -> bool:
         """Wait for the reader task to end; True if it has. Never joins from the reader itself."""
         reader = self._reader
         if reader is None:

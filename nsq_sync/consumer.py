@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
 from nsq_sync._http_base import parse_http_address
 from nsq_sync.backoff import make_backoff
@@ -94,11 +94,11 @@ class Consumer:
         channel: str,
         handler: Handler,
         *,
-        nsqd_tcp_addresses: Union[str, Sequence[str]] = (),
-        lookupd_http_addresses: Union[str, Sequence[str]] = (),
+        nsqd_tcp_addresses: str | Sequence[str] = (),
+        lookupd_http_addresses: str | Sequence[str] = (),
         concurrency: int = 1,
-        giving_up: Optional[GiveUpHandler] = None,
-        config: Optional[Config] = None,
+        giving_up: GiveUpHandler | None = None,
+        config: Config | None = None,
         runtime: Any = "auto",
         **overrides: Any,
     ) -> None:
@@ -110,7 +110,11 @@ class Consumer:
             raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        direct = [nsqd_tcp_addresses] if isinstance(nsqd_tcp_addresses, str) else list(nsqd_tcp_addresses)
+        direct = (
+            [nsqd_tcp_addresses]
+            if isinstance(nsqd_tcp_addresses, str)
+            else list(nsqd_tcp_addresses)
+        )
         lookupds = (
             [lookupd_http_addresses]
             if isinstance(lookupd_http_addresses, str)
@@ -131,7 +135,9 @@ class Consumer:
         self._lock = self.runtime.rlock()
         backoff = None
         if cfg.max_backoff_duration > 0 and cfg.backoff_multiplier > 0:
-            backoff = make_backoff(cfg.backoff_strategy, cfg.backoff_multiplier, cfg.max_backoff_duration)
+            backoff = make_backoff(
+                cfg.backoff_strategy, cfg.backoff_multiplier, cfg.max_backoff_duration
+            )
         self._rdy = RDYManager(
             cfg.max_in_flight,
             backoff=backoff,
@@ -197,7 +203,7 @@ class Consumer:
         Signal handlers are installed only when called from the main thread, and restored after.
         """
         self.start()
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -278,7 +284,11 @@ class Consumer:
         Raises:
             ConfigError: not an int >= 0.
         """
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 0:
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 0
+        ):
             raise ConfigError(f"max_in_flight must be an int >= 0, got {max_in_flight!r}")
         with self._lock:
             self._apply(self._rdy.set_max_in_flight(max_in_flight))
@@ -415,7 +425,7 @@ class Consumer:
         else:
             self.log.debug("nsqd %s sent an unexpected response %r", conn.address, data[:100])
 
-    def on_close(self, conn: NsqdConnection, error: Optional[BaseException]) -> None:
+    def on_close(self, conn: NsqdConnection, error: BaseException | None) -> None:
         with self._lock:
             if self._conns.get(conn.address) is conn:
                 del self._conns[conn.address]
@@ -445,7 +455,7 @@ class Consumer:
             self._apply(self._rdy.on_finish(conn.address))
         self._after_response(conn)
 
-    def requeue(self, message: Message, delay: Optional[float], backoff: bool) -> None:
+    def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
         if delay is None:
             delay = self._requeue_delay(message)

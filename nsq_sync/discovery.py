@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from nsq_sync.lookupd import LookupdClient
 
@@ -50,7 +50,7 @@ class ConnectionManager:
         connect: Callable[[str], None],
         retire: Callable[[str], None],
         log: logging.Logger | logging.LoggerAdapter[Any] = log,
-        rng: Optional[random.Random] = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.topic = topic
         self.direct = list(direct)
@@ -131,7 +131,7 @@ class ConnectionManager:
             self._wakeup.wait(timeout)
             self._wakeup.clear()
 
-    def _step(self) -> Optional[float]:
+    def _step(self) -> float | None:
         now = time.monotonic()
         if self.lookupds and now >= self.next_poll:
             found = self._query_lookupds()
@@ -157,7 +157,7 @@ class ConnectionManager:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
 
-    def _query_lookupds(self) -> Optional[set[str]]:
+    def _query_lookupds(self) -> set[str] | None:
         """Query every lookupd in parallel; None when none answered (keep what we know)."""
         results: Any = self.runtime.queue()
 

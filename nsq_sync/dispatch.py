@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from nsq_sync.errors import RequeueMessage
 from nsq_sync.message import Message
@@ -63,7 +63,7 @@ class WorkerPool:
         *,
         concurrency: int,
         max_attempts: int,
-        giving_up: Optional[GiveUpHandler],
+        giving_up: GiveUpHandler | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
         is_stale: Callable[[Message], bool],
         on_skip: Callable[[Message], None],
@@ -92,7 +92,7 @@ class WorkerPool:
 
     def drain(self) -> list[Message]:
         """Remove and return every message queued but not started."""
-        drained = []
+        drained: list[Message] = []
         while True:
             try:
                 item = self.queue.get_nowait()
@@ -153,7 +153,9 @@ class WorkerPool:
                 self._give_up(message)
             else:
                 self.log.exception(
-                    "handler failed on message %r (attempt %d); requeueing", message, message.attempts
+                    "handler failed on message %r (attempt %d); requeueing",
+                    message,
+                    message.attempts,
                 )
                 message.requeue()
             return

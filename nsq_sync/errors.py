@@ -330,7 +330,9 @@ class HTTPAPIError(NSQError):
         body: the response body (truncated), if any.
     """
 
-    def __init__(self, message: str, url: str = "", status: int | None = None, body: str = "") -> None:
+    def __init__(
+        self, message: str, url: str = "", status: int | None = None, body: str = ""
+    ) -> None:
         super().__init__(message, url, status, body)
         self.url = url
         self.status = status

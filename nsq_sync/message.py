@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -13,7 +13,7 @@ class Responder(Protocol):
 
     def finish(self, message: Message) -> None: ...
 
-    def requeue(self, message: Message, delay: Optional[float], backoff: bool) -> None: ...
+    def requeue(self, message: Message, delay: float | None, backoff: bool) -> None: ...
 
     def touch(self, message: Message) -> None: ...
 
@@ -51,7 +51,7 @@ class Message:
         body: bytes,
         timestamp: int,
         attempts: int,
-        responder: Optional[Responder] = None,
+        responder: Responder | None = None,
         nsqd_address: str = "",
         conn: object = None,
     ) -> None:
@@ -98,7 +98,7 @@ class Message:
         if self._claim("finish") and self._responder is not None:
             self._responder.finish(self)
 
-    def requeue(self, delay: Optional[float] = None, backoff: bool = True) -> None:
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers it after ``delay`` seconds (None: the consumer's policy,
         ``default_requeue_delay * attempts`` capped at ``max_requeue_delay``). ``backoff``
         counts it as a failure for the consumer's backoff."""

@@ -24,7 +24,7 @@ import os
 import random
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
@@ -54,11 +54,11 @@ class _Slot:
 
     def __init__(self, address: str, runtime: Runtime) -> None:
         self.address = address
-        self.conn: Optional[NsqdConnection] = None
+        self.conn: NsqdConnection | None = None
         self.lock = runtime.lock()
         self.failures = 0
         self.retry_at = 0.0
-        self.last_error: Optional[BaseException] = None
+        self.last_error: BaseException | None = None
 
 
 class Producer:
@@ -75,13 +75,17 @@ class Producer:
 
     def __init__(
         self,
-        nsqd_tcp_addresses: Union[str, Sequence[str]],
-        config: Optional[Config] = None,
+        nsqd_tcp_addresses: str | Sequence[str],
+        config: Config | None = None,
         *,
         runtime: Any = "auto",
         **overrides: Any,
     ) -> None:
-        addresses = [nsqd_tcp_addresses] if isinstance(nsqd_tcp_addresses, str) else list(nsqd_tcp_addresses)
+        addresses = (
+            [nsqd_tcp_addresses]
+            if isinstance(nsqd_tcp_addresses, str)
+            else list(nsqd_tcp_addresses)
+        )
         if not addresses:
             raise ConfigError("Producer needs at least one nsqd TCP address")
         for address in addresses:
@@ -104,7 +108,7 @@ class Producer:
 
     # ------------------------------------------------------------------ public API
 
-    def publish(self, topic: str, body: Body, *, timeout: Optional[float] = None) -> None:
+    def publish(self, topic: str, body: Body, *, timeout: float | None = None) -> None:
         """PUB one message and wait for nsqd's OK. Thread-safe.
 
         Raises:
@@ -119,7 +123,9 @@ class Producer:
         self._check_size(len(data) - len(topic) - 9, None)
         self._publish(data, timeout)
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body], *, timeout: Optional[float] = None) -> None:
+    def multi_publish(
+        self, topic: str, bodies: Iterable[Body], *, timeout: float | None = None
+    ) -> None:
         """MPUB a batch atomically (all or none) and wait for OK. Thread-safe.
 
         Raises:
@@ -127,7 +133,9 @@ class Producer:
                 over ``max_body_size``; nothing is sent.
             ServerError, PublishError, Stopped: as :meth:`publish`.
         """
-        bodies = list(bodies) if not isinstance(bodies, (bytes, bytearray, memoryview, str)) else bodies
+        bodies = (
+            list(bodies) if not isinstance(bodies, (bytes, bytearray, memoryview, str)) else bodies
+        )
         data = commands.mpub(topic, bodies)
         for i, b in enumerate(bodies):
             self._check_size(len(b) if not isinstance(b, str) else len(b.encode("utf-8")), i)
@@ -137,7 +145,7 @@ class Producer:
         self._publish(data, timeout)
 
     def deferred_publish(
-        self, topic: str, body: Body, delay: float, *, timeout: Optional[float] = None
+        self, topic: str, body: Body, delay: float, *, timeout: float | None = None
     ) -> None:
         """DPUB: nsqd delivers the message after ``delay`` seconds. Thread-safe.
 
@@ -145,8 +153,10 @@ class Producer:
             ConfigError: ``delay`` negative, not finite, or over ``max_defer``; nothing is sent.
             InvalidName, InvalidBody, ServerError, PublishError, Stopped: as :meth:`publish`.
         """
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not (
-            0 <= delay <= self.config.max_defer
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, (int, float))
+            or not (0 <= delay <= self.config.max_defer)
         ):
             raise ConfigError(
                 f"deferred publish delay must be between 0 and max_defer "
@@ -180,13 +190,13 @@ class Producer:
 
     # ------------------------------------------------------------------ internals
 
-    def _check_size(self, size: int, index: Optional[int]) -> None:
+    def _check_size(self, size: int, index: int | None) -> None:
         limit = self.config.max_msg_size
         if limit is not None and size > limit:
             where = "" if index is None else f" (message {index})"
             raise InvalidBody(f"message body{where} of {size} bytes exceeds max_msg_size {limit}")
 
-    def _publish(self, data: bytes, timeout: Optional[float]) -> None:
+    def _publish(self, data: bytes, timeout: float | None) -> None:
         if self._closed:
             raise Stopped("producer is closed")
         if os.getpid() != self._pid:
@@ -195,7 +205,9 @@ class Producer:
             self._active += 1
             self._idle.clear()
         try:
-            self._publish_with_failover(data, self.config.publish_timeout if timeout is None else timeout)
+            self._publish_with_failover(
+                data, self.config.publish_timeout if timeout is None else timeout
+            )
         finally:
             with self._active_lock:
                 self._active -= 1
@@ -204,7 +216,7 @@ class Producer:
 
     def _publish_with_failover(self, data: bytes, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        last_error: Optional[BaseException] = None
+        last_error: BaseException | None = None
         n = len(self._slots)
         while True:
             start = self._current
@@ -236,7 +248,9 @@ class Producer:
             remaining = deadline - time.monotonic()
             next_try = min(s.retry_at for s in self._slots) - time.monotonic()
             if remaining <= 0 or (not tried and next_try > remaining):
-                last_error = last_error or next((s.last_error for s in self._slots if s.last_error), None)
+                last_error = last_error or next(
+                    (s.last_error for s in self._slots if s.last_error), None
+                )
                 raise PublishError(
                     f"publish failed on every nsqd ({', '.join(self.addresses)})", last_error
                 )
@@ -260,7 +274,7 @@ class Producer:
             log.debug("producer connected to %s", slot.address)
             return conn
 
-    def _mark_failed(self, slot: _Slot, error: BaseException, delay: Optional[float] = None) -> None:
+    def _mark_failed(self, slot: _Slot, error: BaseException, delay: float | None = None) -> None:
         slot.last_error = error
         slot.failures += 1
         if delay is None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Optional
 
 from nsq_sync.backoff import ExponentialBackoff
 
@@ -67,11 +66,11 @@ class RDYManager:
         self,
         max_in_flight: int,
         *,
-        backoff: Optional[ExponentialBackoff] = None,
+        backoff: ExponentialBackoff | None = None,
         low_rdy_idle_timeout: float = 10.0,
         redistribute_interval: float = 5.0,
         clock: Callable[[], float],
-        rng: Optional[random.Random] = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
         self.backoff = backoff
@@ -81,7 +80,7 @@ class RDYManager:
         self.rng = rng or random.Random()
         self.conns: dict[Hashable, ConnRDY] = {}
         self.backoff_level = 0
-        self.backoff_until: Optional[float] = None  # timer running until then
+        self.backoff_until: float | None = None  # timer running until then
         self.testing = False  # timer expired, one connection probes with RDY 1
         self.next_redistribute = 0.0
         self._shares: dict[Hashable, int] = {}
@@ -121,9 +120,11 @@ class RDYManager:
     def is_starved(self) -> bool:
         """True when some connection has at least 85 % of its RDY in flight: the handler is the
         bottleneck and batching handlers should flush."""
-        return any(c.in_flight > 0 and c.in_flight >= c.rdy * STARVED_RATIO for c in self.conns.values())
+        return any(
+            c.in_flight > 0 and c.in_flight >= c.rdy * STARVED_RATIO for c in self.conns.values()
+        )
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None."""
         deadlines = []
         if self.backoff_until is not None:

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Any, Optional
+from typing import Any
 
-from nsq_sync.errors import ConnectionClosed, ConnectTimeout, NSQConnectionError, ReadTimeout, TLSError
+from nsq_sync.errors import (
+    ConnectionClosed,
+    ConnectTimeout,
+    NSQConnectionError,
+    ReadTimeout,
+    TLSError,
+)
 from nsq_sync.protocol.codecs import Codec
 from nsq_sync.runtime import Runtime
 
@@ -58,10 +64,10 @@ class Transport:
         self._runtime = runtime
         self._write_lock = runtime.lock()
         self._tls_lock = runtime.lock()
-        self._tls: Optional[ssl.SSLObject] = None
-        self._tls_in: Optional[ssl.MemoryBIO] = None
-        self._tls_out: Optional[ssl.MemoryBIO] = None
-        self._codec: Optional[Codec] = None
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None
+        self._tls_out: ssl.MemoryBIO | None = None
+        self._codec: Codec | None = None
         self._pending_plain = b""
         self.closed = False
         host, port = parse_address(address)
@@ -80,7 +86,9 @@ class Transport:
 
     # ------------------------------------------------------------------ upgrades (handshake only)
 
-    def start_tls(self, context: ssl.SSLContext, server_hostname: Optional[str], initial: bytes) -> None:
+    def start_tls(
+        self, context: ssl.SSLContext, server_hostname: str | None, initial: bytes
+    ) -> None:
         """Run the TLS handshake; ``initial`` holds bytes already read past the IDENTIFY reply.
 
         Raises:
@@ -102,10 +110,14 @@ class Transport:
                 self._send_raw(self._tls_out.read())
                 data = self._recv_raw()
                 if not data:
-                    raise TLSError("connection closed during the TLS handshake", self.address) from None
+                    raise TLSError(
+                        "connection closed during the TLS handshake", self.address
+                    ) from None
                 self._tls_in.write(data)
             except ssl.SSLCertVerificationError as exc:
-                raise TLSError(f"TLS certificate did not verify: {exc.verify_message}", self.address) from exc
+                raise TLSError(
+                    f"TLS certificate did not verify: {exc.verify_message}", self.address
+                ) from exc
             except ssl.SSLError as exc:
                 raise TLSError(f"TLS handshake failed: {exc}", self.address) from exc
         self._send_raw(self._tls_out.read())
@@ -119,7 +131,7 @@ class Transport:
             self._pending_plain = codec.decompress(initial)
 
     @property
-    def tls_version(self) -> Optional[str]:
+    def tls_version(self) -> str | None:
         return self._tls.version() if self._tls is not None else None
 
     # ------------------------------------------------------------------ I/O

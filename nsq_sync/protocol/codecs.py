@@ -52,7 +52,9 @@ class SnappyCodec:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             from nsq_sync.errors import ConfigError
 
-            raise ConfigError("snappy=True needs python-snappy: pip install 'nsq_sync[snappy]'") from exc
+            raise ConfigError(
+                "snappy=True needs python-snappy: pip install 'nsq_sync[snappy]'"
+            ) from exc
         self._c: Any = snappy.StreamCompressor()
         self._d: Any = snappy.StreamDecompressor()
 

@@ -57,8 +57,14 @@ def _ms(seconds: float, what: str) -> int:
 
 
 def _msg_id(message_id: bytes) -> bytes:
-    if not isinstance(message_id, (bytes, bytearray)) or len(message_id) != MESSAGE_ID_SIZE:
-        raise LocalProtocolError(f"message id must be {MESSAGE_ID_SIZE} bytes, got {message_id!r}")
+    if (
+        not isinstance(message_id, (bytes, bytearray))
+        or len(message_id) != MESSAGE_ID_SIZE
+        or not bytes(message_id).isalnum()
+    ):
+        raise LocalProtocolError(
+            f"message id must be {MESSAGE_ID_SIZE} alphanumeric bytes, got {message_id!r}"
+        )
     return bytes(message_id)
 
 
@@ -73,13 +79,18 @@ def identify(data: Mapping[str, Any]) -> bytes:
     return b"IDENTIFY\n" + _U32.pack(len(body)) + body
 
 
-def auth(secret: Union[str, bytes]) -> bytes:
+def auth(secret: str | bytes) -> bytes:
     """``AUTH`` with the secret as the body.
 
     Raises:
         LocalProtocolError: the secret is empty.
     """
-    data = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if isinstance(secret, str):
+        data = secret.encode("utf-8")
+    elif isinstance(secret, (bytes, bytearray)):
+        data = bytes(secret)
+    else:
+        raise LocalProtocolError(f"auth secret must be str or bytes, got {type(secret).__name__}")
     if not data:
         raise LocalProtocolError("auth secret is empty")
     return b"AUTH\n" + _U32.pack(len(data)) + data

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Final, Union
+from typing import Final
 
 from nsq_sync.errors import FrameTooLarge, RemoteProtocolError
 from nsq_sync.protocol.constants import (
@@ -112,7 +112,7 @@ class FrameDecoder:
         self._pos = 0
         return data
 
-    def next_event(self) -> Union[Event, _Sentinel]:
+    def next_event(self) -> Event | _Sentinel:
         """Return the next complete event, :data:`NEED_DATA` or :data:`EOF`.
 
         Raises:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from nsq_sync.errors import RemoteProtocolError
 from nsq_sync.protocol.constants import OK
@@ -24,8 +24,8 @@ class IdentifyResult:
     negotiated: bool = False
     max_rdy_count: int = DEFAULT_MAX_RDY_COUNT
     version: str = ""
-    max_msg_timeout: Optional[float] = None
-    msg_timeout: Optional[float] = None
+    max_msg_timeout: float | None = None
+    msg_timeout: float | None = None
     tls_v1: bool = False
     snappy: bool = False
     deflate: bool = False
@@ -34,7 +34,7 @@ class IdentifyResult:
     sample_rate: int = 0
     auth_required: bool = False
     output_buffer_size: int = 0
-    output_buffer_timeout: Optional[float] = None
+    output_buffer_timeout: float | None = None
 
     @classmethod
     def parse(cls, data: bytes) -> IdentifyResult:
@@ -52,7 +52,7 @@ class IdentifyResult:
         if not isinstance(obj, dict):
             raise RemoteProtocolError(f"unexpected IDENTIFY response {data[:100]!r}")
 
-        def seconds(key: str) -> Optional[float]:
+        def seconds(key: str) -> float | None:
             value = obj.get(key)
             return value / 1000.0 if isinstance(value, (int, float)) and value >= 0 else None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 __all__ = ["Runtime", "Task", "resolve_runtime"]
 
@@ -36,7 +36,6 @@ class Runtime(Protocol):
 
     def rlock(self) -> Any: ...
 
-
     def queue(self, maxsize: int = 0) -> Any: ...
 
     def sleep(self, seconds: float) -> None: ...
@@ -53,7 +52,7 @@ def _gevent_patched() -> bool:
     return bool(monkey.is_module_patched("socket"))
 
 
-def resolve_runtime(runtime: Union[str, Runtime, None] = "auto") -> Runtime:
+def resolve_runtime(runtime: str | Runtime | None = "auto") -> Runtime:
     """Return the runtime to use.
 
     Args:

@@ -32,7 +32,6 @@ class GeventRuntime:
     def rlock(self) -> Any:
         return gevent.lock.RLock()
 
-
     def queue(self, maxsize: int = 0) -> Any:
         return gevent.queue.Queue(maxsize or None)
 

@@ -29,7 +29,6 @@ class ThreadsRuntime:
     def rlock(self) -> Any:
         return threading.RLock()
 
-
     def queue(self, maxsize: int = 0) -> queue.Queue[Any]:
         return queue.Queue(maxsize)
 

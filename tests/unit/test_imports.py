@@ -1,0 +1,163 @@
+"""Import hygiene: the sans-IO protocol layer stays dependency-free, and importing the package
+pulls in no optional backend and starts no thread.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import nsq_sync
+
+PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
+PROTOCOL_FILES = sorted((PACKAGE_DIR / "protocol").glob("*.py"))
+
+ALLOWED_FIRST_PARTY = {"nsq_sync.errors", "nsq_sync.protocol"}
+#: optional backends a protocol module may import lazily, inside the function that needs them
+#: (STYLE.md: codecs.py imports snappy only when snappy is negotiated)
+LAZY_OPTIONAL = {"snappy", "cramjam"}
+FORBIDDEN_AT_IMPORT = ("gevent", "snappy", "pyspark", "django", "flask")
+
+
+def _is_stdlib(top_level: str) -> bool:
+    names = getattr(sys, "stdlib_module_names", None)  # Python >= 3.10
+    if names is not None:
+        return top_level in names
+    if top_level in sys.builtin_module_names or top_level == "__future__":
+        return True
+    spec = importlib.util.find_spec(top_level)
+    if spec is None or spec.origin is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    origin = os.path.realpath(spec.origin)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    return origin.startswith(stdlib + os.sep) and "site-packages" not in origin
+
+
+class _ImportCollector(ast.NodeVisitor):
+    """Collects ``(line, absolute module, lazy)`` for every import in a module; ``lazy`` means
+    inside a function body (so it runs on call, not on import)."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[int, str, bool]] = []
+        self._depth = 0
+
+    def _function(self, node: ast.AST) -> None:
+        self._depth += 1
+        self.generic_visit(node)
+        self._depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.found.append((node.lineno, alias.name, self._depth > 0))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            # Relative: level 1 is a sibling inside nsq_sync.protocol, level 2 leaves it.
+            base = "nsq_sync.protocol" if node.level == 1 else "nsq_sync"
+            module = f"{base}.{node.module}" if node.module else base
+        else:
+            module = node.module or ""
+        if module == "nsq_sync":
+            # `from nsq_sync import errors` imports the submodule
+            for alias in node.names:
+                self.found.append((node.lineno, f"nsq_sync.{alias.name}", self._depth > 0))
+        else:
+            self.found.append((node.lineno, module, self._depth > 0))
+
+
+def _imports(path: Path) -> list[tuple[int, str, bool]]:
+    """Every absolute module a file imports, TYPE_CHECKING and function-level ones included."""
+    collector = _ImportCollector()
+    collector.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    return collector.found
+
+
+def _allowed(module: str, lazy: bool) -> bool:
+    top = module.split(".")[0]
+    if top != "nsq_sync":
+        return _is_stdlib(top) or (lazy and top in LAZY_OPTIONAL)
+    return module in ALLOWED_FIRST_PARTY or module.startswith("nsq_sync.protocol.")
+
+
+def test_protocol_package_has_the_expected_modules() -> None:
+    names = {p.stem for p in PROTOCOL_FILES}
+    assert {"__init__", "constants", "names", "events", "decoder", "commands"} <= names
+
+
+@pytest.mark.parametrize("path", PROTOCOL_FILES, ids=lambda p: p.name)
+def test_protocol_modules_import_only_stdlib_siblings_and_errors(path: Path) -> None:
+    bad = [
+        f"{path.name}:{line}: {module}"
+        for line, module, lazy in _imports(path)
+        if not _allowed(module, lazy)
+    ]
+    assert not bad, "protocol/ must import only the stdlib, its siblings and nsq_sync.errors"
+
+
+def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import json\n"
+        "from nsq_sync.errors import ProtocolError\n"
+        "from . import names\n"
+        "from nsq_sync import config\n"
+        "import requests\n"
+        "import snappy\n"
+        "from .. import connection\n"
+        "def f():\n"
+        "    import gevent\n"
+        "    import snappy\n"
+        "    from nsq_sync.transport import Transport\n",
+        encoding="utf-8",
+    )
+    rejected = [module for _, module, lazy in _imports(sample) if not _allowed(module, lazy)]
+    assert rejected == [
+        "nsq_sync.config",
+        "requests",
+        "snappy",
+        "nsq_sync.connection",
+        "gevent",
+        "nsq_sync.transport",
+    ]
+
+
+_PROBE = f"""
+import json, sys, threading
+import nsq_sync
+import nsq_sync.config, nsq_sync.errors, nsq_sync.protocol
+print(json.dumps({{
+    "forbidden": [m for m in {FORBIDDEN_AT_IMPORT!r} if m in sys.modules],
+    "threads": threading.active_count(),
+    "thread_names": [t.name for t in threading.enumerate()],
+}}))
+"""
+
+
+def test_importing_the_package_is_side_effect_free() -> None:
+    env = dict(os.environ)
+    root = str(PACKAGE_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["forbidden"] == []
+    assert report["threads"] == 1, report["thread_names"]

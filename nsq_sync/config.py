@@ -184,7 +184,9 @@ class Config:
         return cls().replace(**normalised)
 
     @classmethod
-    def from_env(cls, prefix: str = "NSQ_SYNC_", environ: Mapping[str, str] | None = None) -> Config:
+    def from_env(
+        cls, prefix: str = "NSQ_SYNC_", environ: Mapping[str, str] | None = None
+    ) -> Config:
         """Build a Config from environment variables such as ``NSQ_SYNC_MAX_IN_FLIGHT=200``.
 
         Variables with the prefix that name no option raise, so typos do not pass silently.

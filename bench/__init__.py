@@ -1,0 +1,1 @@
+"""Benchmark harness: see bench/README.md and bench/run.py."""

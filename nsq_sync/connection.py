@@ -379,9 +379,16 @@ class NsqdConnection:
             self._pending.append(waiter)
             try:
                 self._transport.send(data)
+            except ConnectionClosed:
+                # nsqd closed or reset the connection (typically right after a fatal error
+                # frame). Answers it sent before that may still be unread: stop writing, but
+                # let the reader deliver them; it ends at EOF and closes the transport.
+                self._forget(waiter)
+                self.closed = True
+                raise
             except BaseException:
                 # Nothing (or a torn write) reached nsqd: the connection is unusable now.
-                self._pending.remove(waiter)
+                self._forget(waiter)
                 self._close_transport()
                 raise
         if not waiter.event.wait(timeout):
@@ -389,6 +396,12 @@ class NsqdConnection:
         if waiter.error is not None:
             raise waiter.error
         return waiter.result
+
+    def _forget(self, waiter: _Waiter) -> None:
+        try:
+            self._pending.remove(waiter)
+        except ValueError:
+            pass  # the reader, closing the connection, already failed every waiter
 
     # ------------------------------------------------------------------ closing
 

@@ -29,6 +29,7 @@ from typing import Any
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
+    AuthError,
     ConfigError,
     InvalidBody,
     NSQConnectionError,
@@ -36,6 +37,7 @@ from nsq_sync.errors import (
     PublishError,
     ServerError,
     Stopped,
+    TLSError,
 )
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.commands import Body
@@ -81,11 +83,17 @@ class Producer:
         runtime: Any = "auto",
         **overrides: Any,
     ) -> None:
-        addresses = (
-            [nsqd_tcp_addresses]
-            if isinstance(nsqd_tcp_addresses, str)
-            else list(nsqd_tcp_addresses)
-        )
+        if isinstance(nsqd_tcp_addresses, str):
+            addresses = [nsqd_tcp_addresses]
+        elif isinstance(nsqd_tcp_addresses, (bytes, bytearray)) or not isinstance(
+            nsqd_tcp_addresses, Iterable
+        ):
+            raise ConfigError(
+                "nsqd_tcp_addresses must be 'host:port' or a list of them, "
+                f"got {nsqd_tcp_addresses!r}"
+            )
+        else:
+            addresses = list(nsqd_tcp_addresses)
         if not addresses:
             raise ConfigError("Producer needs at least one nsqd TCP address")
         for address in addresses:
@@ -173,10 +181,11 @@ class Producer:
         if os.getpid() == self._pid:
             self._idle.wait(timeout)
             for slot in self._slots:
-                if slot.conn is not None:
-                    slot.conn.close()
-                    slot.conn.join(1.0)
-                    slot.conn = None
+                # Take the connection first: another thread may be closing the producer too.
+                conn, slot.conn = slot.conn, None
+                if conn is not None:
+                    conn.close()
+                    conn.join(1.0)
 
     def __enter__(self) -> Producer:
         return self
@@ -220,12 +229,11 @@ class Producer:
         n = len(self._slots)
         while True:
             start = self._current
-            tried = False
             for k in range(n):
                 slot = self._slots[(start + k) % n]
                 if slot.retry_at > time.monotonic():
                     continue
-                tried = True
+                conn: NsqdConnection | None = None
                 try:
                     conn = self._connection(slot)
                     conn.request(data, max(0.001, deadline - time.monotonic()))
@@ -233,21 +241,25 @@ class Producer:
                     if not exc.retriable:
                         raise
                     last_error = exc
-                    self._mark_failed(slot, exc)
-                except ProtocolError as exc:
-                    # Garbage from the peer (typically nsqd's HTTP port given as its TCP port) is a
-                    # configuration error: do not hammer that address.
+                    self._mark_failed(slot, conn, exc)
+                except (ProtocolError, TLSError, AuthError) as exc:
+                    # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a
+                    # TLS setup that cannot work (certificate not verified, nsqd requires TLS) or
+                    # AUTH required without a secret are configuration errors that a retry would
+                    # only repeat: do not hammer that address (fail over, or raise at once).
                     last_error = exc
-                    self._mark_failed(slot, exc, delay=self.config.reconnect_backoff_max)
+                    self._mark_failed(slot, conn, exc, delay=self.config.reconnect_backoff_max)
                 except NSQConnectionError as exc:
                     last_error = exc
-                    self._mark_failed(slot, exc)
+                    self._mark_failed(slot, conn, exc)
                 else:
                     self._current = (start + k) % n
                     return
             remaining = deadline - time.monotonic()
             next_try = min(s.retry_at for s in self._slots) - time.monotonic()
-            if remaining <= 0 or (not tried and next_try > remaining):
+            # Raise as soon as no nsqd can be tried again before the deadline: sleeping until
+            # the deadline first would only delay the same error.
+            if remaining <= 0 or next_try > remaining:
                 last_error = last_error or next(
                     (s.last_error for s in self._slots if s.last_error), None
                 )
@@ -274,7 +286,19 @@ class Producer:
             log.debug("producer connected to %s", slot.address)
             return conn
 
-    def _mark_failed(self, slot: _Slot, error: BaseException, delay: float | None = None) -> None:
+    def _mark_failed(
+        self,
+        slot: _Slot,
+        conn: NsqdConnection | None,
+        error: BaseException,
+        delay: float | None = None,
+    ) -> None:
+        """Back off from ``slot`` after ``error`` on ``conn`` (None: connecting failed)."""
+        if conn is not None and slot.conn is not conn:
+            # Another thread using the same connection already handled its failure (and maybe
+            # connected again): counting it twice would inflate the backoff, and closing the
+            # slot's new connection would fail the requests waiting on it.
+            return
         slot.last_error = error
         slot.failures += 1
         if delay is None:
@@ -283,8 +307,11 @@ class Producer:
             delay = min(cap, 0.05 * (2 ** min(slot.failures - 1, 16)))
             delay *= 0.5 + self._rng.random() / 2
         slot.retry_at = time.monotonic() + delay
-        conn, slot.conn = slot.conn, None
-        if conn is not None:
+        slot.conn = None
+        if conn is not None and not conn.closed:
+            # A timeout (outcome unknown) or an error frame: start afresh. A connection that is
+            # already closed is left alone: its reader may still be delivering answers that
+            # nsqd sent before it closed (OKs other threads are waiting for).
             conn.close()
         log.warning("nsqd %s failed (%s); retrying it in %.2f s", slot.address, error, delay)
 

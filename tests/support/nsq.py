@@ -1,0 +1,110 @@
+"""Small helpers for integration tests: bounded polling, nsqd stats, a message-collecting handler."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from nsq_sync.connection import NsqdConnection
+from nsq_sync.errors import ServerError
+from nsq_sync.http import NsqdHTTPClient
+from nsq_sync.protocol.events import MessageFrame
+
+__all__ = [
+    "Collector",
+    "free_closed_port",
+    "message_count",
+    "producer_clients",
+    "topic_depth",
+    "wait_for",
+]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 15.0
+
+
+def wait_for(
+    condition: Callable[[], T], what: str, timeout: float = DEFAULT_TIMEOUT, interval: float = 0.02
+) -> T:
+    """Poll ``condition`` until it returns something truthy (returned); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_closed_port() -> int:
+    """A loopback port that nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _topic(http_address: str, topic: str) -> dict[str, Any] | None:
+    with NsqdHTTPClient(http_address) as client:
+        return client.topic_stats(topic)
+
+
+def message_count(http_address: str, topic: str) -> int:
+    """The topic's ``message_count`` in nsqd's /stats (0 when the topic does not exist)."""
+    stats = _topic(http_address, topic)
+    return 0 if stats is None else int(stats["message_count"])
+
+
+def topic_depth(http_address: str, topic: str) -> int:
+    """The topic's ``depth`` in nsqd's /stats (0 when the topic does not exist)."""
+    stats = _topic(http_address, topic)
+    return 0 if stats is None else int(stats["depth"])
+
+
+def producer_clients(http_address: str) -> list[dict[str, Any]]:
+    """nsqd's /stats ``producers``: every live client connection that has published."""
+    with NsqdHTTPClient(http_address) as client:
+        return list(client.stats(include_clients=True).get("producers") or [])
+
+
+class Collector:
+    """A ConnectionHandler that keeps every message, error and the close notification."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.messages: list[MessageFrame] = []
+        self.errors: list[ServerError] = []
+        self.responses: list[bytes] = []
+        self.closed: list[BaseException | None] = []
+
+    def on_message(self, conn: NsqdConnection, message: MessageFrame) -> None:
+        with self._lock:
+            self.messages.append(message)
+
+    def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
+        with self._lock:
+            self.errors.append(error)
+
+    def on_response(self, conn: NsqdConnection, data: bytes) -> None:
+        with self._lock:
+            self.responses.append(data)
+
+    def on_close(self, conn: NsqdConnection, error: BaseException | None) -> None:
+        with self._lock:
+            self.closed.append(error)
+
+    def wait_messages(self, n: int, timeout: float = DEFAULT_TIMEOUT) -> list[MessageFrame]:
+        def enough() -> bool:
+            with self._lock:
+                if self.errors:
+                    raise AssertionError(f"error from nsqd while reading: {self.errors}")
+                return len(self.messages) >= n
+
+        wait_for(enough, f"{n} messages (got {len(self.messages)})", timeout)
+        with self._lock:
+            return list(self.messages)

@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from typing import Any, Protocol
 
 from nsq_sync._tls import build_ssl_context
@@ -56,22 +57,28 @@ class ConnectionHandler(Protocol):
 
 
 class _Waiter:
-    __slots__ = ("event", "result", "error")
+    """One request waiting for its answer. ``event`` exists only when the requester waits for
+    another task to read its answer; ``reader`` is set when it is handed the reading role."""
 
-    def __init__(self, event: Any) -> None:
-        self.event = event
+    __slots__ = ("event", "result", "error", "done", "reader", "abandoned")
+
+    def __init__(self) -> None:
+        self.event: Any = None
         self.result: bytes = b""
         self.error: BaseException | None = None
+        self.done = False
+        self.reader = False
+        self.abandoned = False
 
 
-def identify_body(config: Config) -> dict[str, Any]:
+def identify_body(config: Config, heartbeats: bool = True) -> dict[str, Any]:
     """The IDENTIFY JSON for ``config`` (durations converted to milliseconds here)."""
     hostname = config.hostname or socket.gethostname()
     body: dict[str, Any] = {
         "client_id": config.client_id or hostname.split(".")[0],
         "hostname": hostname,
         "feature_negotiation": True,
-        "heartbeat_interval": int(config.heartbeat_interval * 1000),
+        "heartbeat_interval": int(config.heartbeat_interval * 1000) if heartbeats else -1,
         "output_buffer_size": config.output_buffer_size if config.output_buffer_size else -1,
         "output_buffer_timeout": (
             int(config.output_buffer_timeout * 1000) if config.output_buffer_timeout else -1
@@ -91,15 +98,25 @@ def identify_body(config: Config) -> dict[str, Any]:
 class NsqdConnection:
     """A connection to one nsqd.
 
-    Call :meth:`connect` (dial + handshake), optionally :meth:`subscribe`, then
-    :meth:`start_reader`. :meth:`send` and :meth:`request` are thread-safe; counters are
-    updated under a lock.
+    Two modes:
+
+    * **consumer** (:meth:`start_reader` called): a reader task owns the socket's reading side,
+      answers heartbeats and hands messages to the handler;
+    * **request/response** (no reader task, used by the producer): whoever calls
+      :meth:`request` while nobody is reading reads the answers itself, for every waiting
+      request in order, and hands the reading role to the next waiter when its own answer
+      arrived. A lone publisher thus writes and reads on its own thread, with no task switch
+      per publish. Such connections IDENTIFY with heartbeats disabled (nothing reads while
+      idle); dead peers show up as failed publishes, and TCP keepalive is on.
+
+    :meth:`send` and :meth:`request` are thread-safe.
 
     Args:
         address: nsqd's TCP ``host:port``.
         config: options (timeouts, TLS, compression, AUTH, IDENTIFY fields).
         runtime: threads or gevent (see :func:`nsq_sync.runtime.resolve_runtime`).
         handler: receives messages, unsolicited responses/errors and the close notification.
+        heartbeats: False asks nsqd not to send heartbeats (request/response connections).
     """
 
     def __init__(
@@ -109,12 +126,14 @@ class NsqdConnection:
         *,
         runtime: Any = "auto",
         handler: ConnectionHandler | None = None,
+        heartbeats: bool = True,
     ) -> None:
         parse_address(address)  # fail early on a malformed address
         self.address = address
         self.config = config or Config()
         self.runtime: Runtime = resolve_runtime(runtime)
         self.handler = handler
+        self.heartbeats = heartbeats
         self.identify: IdentifyResult = IdentifyResult()
         self.log = logging.LoggerAdapter(log, {"nsqd": address})
         self._transport: Transport | None = None
@@ -122,17 +141,14 @@ class NsqdConnection:
         self._pending: collections.deque[_Waiter] = collections.deque()
         self._request_lock = self.runtime.lock()
         self._reader: Task | None = None
+        self._reading = False  # request/response mode: a requester holds the reading role
         self._closing = False
         self.closed = False
         self.close_error: BaseException | None = None
-        # RDY / in-flight bookkeeping, owned by the consumer's RDY manager.
-        self.stats_lock = threading.Lock()
-        self.rdy = 0  # last RDY value sent
-        self.remaining_rdy = 0  # RDY left before nsqd stops sending
+        # Bookkeeping for the consumer, updated under the consumer's lock.
         self.in_flight = 0  # delivered, not yet FIN/REQ
         self.messages_received = 0
-        self.last_message_at = 0.0
-        self.last_rdy_at = 0.0
+        self.stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<NsqdConnection {self.address}{' closed' if self.closed else ''}>"
@@ -174,7 +190,9 @@ class NsqdConnection:
         cfg = self.config
         transport = self._transport
         assert transport is not None
-        transport.send(commands.magic() + commands.identify(identify_body(cfg)))
+        if not self.heartbeats:
+            transport.enable_keepalive()
+        transport.send(commands.magic() + commands.identify(identify_body(cfg, self.heartbeats)))
         self.identify = result = IdentifyResult.parse(self._read_response())
         if cfg.tls_enabled:
             if not result.tls_v1:
@@ -281,7 +299,9 @@ class NsqdConnection:
             while True:
                 for event in decoder.events():
                     if type(event) is MessageFrame:
-                        self._count_message()
+                        with self.stats_lock:  # TEMP until the consumer counts these itself
+                            self.in_flight += 1
+                            self.messages_received += 1
                         if handler is not None:
                             handler.on_message(self, event)
                     elif type(event) is Heartbeat:
@@ -305,44 +325,49 @@ class NsqdConnection:
         finally:
             self._finish(error)
 
-    def _count_message(self) -> None:
-        with self.stats_lock:
-            self.in_flight += 1
-            self.messages_received += 1
-            if self.remaining_rdy > 0:
-                self.remaining_rdy -= 1
-
     def _on_response(self, data: bytes) -> None:
         if self._pending:
-            waiter = self._pending.popleft()
-            waiter.result = data
-            waiter.event.set()
+            self._answer(data, None)
         elif self.handler is not None:
             self.handler.on_response(self, data)
 
     def _on_error(self, error: BaseException) -> None:
         fatal = getattr(error, "fatal", True)
         if fatal and self._pending:
-            waiter = self._pending.popleft()
-            waiter.error = error
-            waiter.event.set()
+            self._answer(b"", error)
         elif self.handler is not None and isinstance(error, ServerError):
             self.handler.on_error(self, error)
         else:
             self.log.error("error from nsqd: %s", error)
+
+    def _answer(self, data: bytes, error: BaseException | None) -> None:
+        # Only the task holding the reading role pops; requesters append under _request_lock.
+        waiter = self._pending.popleft()
+        waiter.result = data
+        waiter.error = error
+        waiter.done = True
+        if waiter.event is not None:
+            waiter.event.set()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._request_lock:
+            while self._pending:
+                waiter = self._pending.popleft()
+                waiter.error = error
+                waiter.done = True
+                if waiter.event is not None:
+                    waiter.event.set()
 
     def _finish(self, error: BaseException | None) -> None:
         self.close_error = error
         self._close_transport()
         if error is not None:
             self.log.warning("connection lost: %s", error)
-        pending_error = ConnectionClosed(
-            "connection closed before nsqd answered", self.address, by_server=error is not None
+        self._fail_pending(
+            ConnectionClosed(
+                "connection closed before nsqd answered", self.address, by_server=error is not None
+            )
         )
-        while self._pending:
-            waiter = self._pending.popleft()
-            waiter.error = pending_error
-            waiter.event.set()
         if self.handler is not None:
             try:
                 self.handler.on_close(self, error)
@@ -363,6 +388,31 @@ class NsqdConnection:
             raise ConnectionClosed("connection is closed", self.address, by_server=False)
         transport.send(data)
 
+    def send_deferred(self, data: bytes) -> bool:
+        """Buffer a command for the next :meth:`flush` (or :meth:`send`). Thread-safe.
+
+        Returns:
+            True when the buffer was empty: the caller must make sure :meth:`flush` follows.
+
+        Raises:
+            ConnectionClosed: the connection is closed.
+        """
+        transport = self._transport
+        if transport is None or self.closed:
+            raise ConnectionClosed("connection is closed", self.address, by_server=False)
+        return transport.send_deferred(data)
+
+    def flush(self) -> None:
+        """Write what :meth:`send_deferred` buffered. Thread-safe.
+
+        Raises:
+            ConnectionClosed, NSQConnectionError.
+        """
+        transport = self._transport
+        if transport is None or self.closed:
+            raise ConnectionClosed("connection is closed", self.address, by_server=False)
+        transport.flush()
+
     def request(self, data: bytes, timeout: float) -> bytes:
         """Write a command and wait for *its* response (OK, or an error frame). Thread-safe;
         many threads may pipeline requests on one connection.
@@ -372,43 +422,116 @@ class NsqdConnection:
             ReadTimeout: no answer within ``timeout`` seconds (the outcome is unknown).
             ConnectionClosed / NSQConnectionError: the connection broke before the answer.
         """
-        waiter = _Waiter(self.runtime.event())
+        waiter = _Waiter()
+        consumer_mode = self._reader is not None
         with self._request_lock:
             if self.closed or self._transport is None:
                 raise ConnectionClosed("connection is closed", self.address, by_server=False)
+            if consumer_mode or self._reading:
+                waiter.event = self.runtime.signal()
+            else:
+                self._reading = waiter.reader = True
+            # pending order == write order: both happen under _request_lock
             self._pending.append(waiter)
+            write = self._transport.enqueue(data)
+        if write:
             try:
-                self._transport.send(data)
+                self._transport.drain()
             except ConnectionClosed:
                 # nsqd closed or reset the connection (typically right after a fatal error
                 # frame). Answers it sent before that may still be unread: stop writing, but
-                # let the reader deliver them; it ends at EOF and closes the transport.
-                self._forget(waiter)
+                # let whoever holds the reading role deliver them; it fails the rest at EOF.
                 self.closed = True
-                raise
-            except BaseException:
-                # Nothing (or a torn write) reached nsqd: the connection is unusable now.
-                self._forget(waiter)
+            except BaseException as exc:
+                # A torn write: the connection is unusable, and every request waiting on it
+                # fails (their bytes may or may not have reached nsqd).
                 self._close_transport()
+                self._fail_pending(
+                    exc
+                    if isinstance(exc, NSQConnectionError)
+                    else ConnectionClosed(str(exc), self.address)
+                )
+                with self._request_lock:
+                    self._reading = False
                 raise
-        if not waiter.event.wait(timeout):
-            raise ReadTimeout(f"no answer from nsqd within {timeout} s", self.address)
+        deadline = time.monotonic() + timeout
+        if not waiter.reader:
+            waiter.event.wait(timeout)
+            if not waiter.done and not waiter.reader:
+                with self._request_lock:
+                    if not waiter.done and not waiter.reader:
+                        waiter.abandoned = True
+                        raise ReadTimeout(f"no answer from nsqd within {timeout} s", self.address)
+        if waiter.reader:
+            self._read_answers(waiter, deadline)
         if waiter.error is not None:
             raise waiter.error
         return waiter.result
 
-    def _forget(self, waiter: _Waiter) -> None:
+    def _read_answers(self, waiter: _Waiter, deadline: float) -> None:
+        """Holding the reading role: read until ``waiter`` is answered, then pass the role on."""
+        transport = self._transport
+        assert transport is not None
+        decoder = self._decoder
         try:
-            self._pending.remove(waiter)
-        except ValueError:
-            pass  # the reader, closing the connection, already failed every waiter
+            while not waiter.done:
+                event = decoder.next_event()
+                if event is NEED_DATA:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        waiter.abandoned = True
+                        raise ReadTimeout("no answer from nsqd within the timeout", self.address)
+                    data = transport.recv(remaining)
+                    if not data:
+                        raise ConnectionClosed("nsqd closed the connection", self.address)
+                    decoder.receive_data(data)
+                elif event is EOF:
+                    raise ConnectionClosed("nsqd closed the connection", self.address)
+                elif type(event) is Response:
+                    self._on_response(event.data)
+                elif type(event) is ErrorFrame:
+                    self._on_error(self._server_error(event))
+                elif type(event) is Heartbeat:
+                    transport.send(commands.NOP)
+                else:
+                    raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
+        except ReadTimeout:
+            self._pass_reading_role()
+            raise
+        except BaseException as exc:
+            self._close_transport()
+            self.close_error = exc
+            self._fail_pending(
+                exc
+                if isinstance(exc, NSQConnectionError)
+                else ConnectionClosed(str(exc), self.address)
+            )
+            with self._request_lock:
+                self._reading = False
+            raise
+        self._pass_reading_role()
+
+    def _pass_reading_role(self) -> None:
+        with self._request_lock:
+            for waiter in self._pending:
+                if not waiter.abandoned:
+                    waiter.reader = True
+                    waiter.event.set()
+                    return
+            # Nobody waits (at most abandoned requests, whose answers the next reader pops).
+            self._reading = False
 
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Close the socket at once (no CLS); the reader task ends and reports the close.
-        Idempotent, thread-safe."""
+        """Write what is buffered, then close the socket (no CLS); the reader task ends and
+        reports the close. Idempotent, thread-safe."""
         self._closing = True
+        if self._transport is not None and not self.closed:
+            try:
+                self._transport.flush()
+            except NSQConnectionError:
+                pass
         self._close_transport()
 
     def abandon(self) -> None:

@@ -147,6 +147,8 @@ class Consumer:
         )
         self._conns: dict[str, NsqdConnection] = {}
         self._retiring: set[str] = set()
+        # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
+        self._close_waited: set[NsqdConnection] = set()
         self._pool = WorkerPool(
             self.runtime,
             handler,
@@ -227,42 +229,51 @@ class Consumer:
 
         Idempotent; later calls return at once.
         """
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._stopping:
                 return True
             self._stopping = True
             self._stopped_event.set()
-        deadline = time.monotonic() + timeout
+            # RDY 0 at once, in the same critical section that makes every new message stale:
+            # a reader requeueing stale messages to an nsqd that still has RDY gets each one
+            # straight back, and under gevent that loop never yields to let the RDY 0 out.
+            self._apply(self._rdy.set_max_in_flight(0))
+            conns = list(self._conns.values())
+            # CLS right behind the RDY 0. nsqd answers CLOSE_WAIT behind every message it had
+            # already written (one buffered writer; a response flushes it), so once a
+            # connection said CLOSE_WAIT its in-flight count is complete: closing as soon as
+            # the count read 0 lost messages still on the wire, and nsqd kept them in flight
+            # until --msg-timeout. FIN/REQ/TOUCH still work in nsqd's closing state.
+            for conn in conns:
+                self._send(conn, commands.cls())
         self._discovery.stop(timeout)
         self._rdy_wakeup.set()
-        with self._lock:
-            self._apply(self._rdy.set_max_in_flight(0))
         for message in self._pool.drain():
             message.requeue(0.0, backoff=False)
-        while self._total_in_flight() > 0 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             for message in self._pool.drain():  # arrived after RDY 0 was sent
                 message.requeue(0.0, backoff=False)
+            if self._total_in_flight() == 0 and self._all_close_waited(conns):
+                break
             self.runtime.sleep(0.01)
-        clean = self._total_in_flight() == 0
+        clean = self._total_in_flight() == 0 and self._all_close_waited(conns)
         if not clean:
             self.log.warning(
                 "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
                 self._total_in_flight(),
             )
         self._pool.stop(max(0.1, deadline - time.monotonic()))
-        with self._lock:
-            conns = list(self._conns.values())
-        for conn in conns:
-            try:
-                conn.send(commands.cls())
-            except NSQConnectionError:
-                pass
         for conn in conns:
             conn.close()
             conn.join(max(0.1, deadline - time.monotonic()))
         if self._rdy_task is not None:
             self._rdy_task.join(1.0)
         return clean
+
+    def _all_close_waited(self, conns: list[NsqdConnection]) -> bool:
+        with self._lock:
+            return all(conn.closed or conn in self._close_waited for conn in conns)
 
     def __enter__(self) -> Consumer:
         self.start()
@@ -355,12 +366,12 @@ class Consumer:
             if conn is None or address in self._retiring:
                 return
             self._retiring.add(address)
-            self._apply(self._rdy.remove(address))
+            # RDY 0 before its credit goes to others (sum(RDY) <= max_in_flight on the wire
+            # too), then CLS: it closes once nsqd said CLOSE_WAIT and nothing is in flight.
             self._send(conn, commands.rdy(0))
-            drained = conn.in_flight == 0
+            self._send(conn, commands.cls())
+            self._apply_and_wake(lambda: self._rdy.remove(address))
         self.log.info("nsqd %s is no longer listed by lookupd; retiring it", address)
-        if drained:
-            conn.close()
 
     def _apply(self, actions: list[tuple[Any, int]]) -> None:
         """Send RDY updates in order (caller holds ``_lock``)."""
@@ -377,6 +388,14 @@ class Consumer:
             self.log.debug("write to %s failed: %s", conn.address, exc)
             conn.close()
             return False
+
+    def _apply_and_wake(self, event: Any) -> None:
+        """Apply the RDY manager's answer to ``event()``; wake the RDY timer task when its next
+        deadline moved (caller holds ``_lock``)."""
+        before = self._rdy.next_deadline()
+        self._apply(event())
+        if self._rdy.next_deadline() != before:
+            self._rdy_wakeup.set()
 
     def _total_in_flight(self) -> int:
         with self._lock:
@@ -422,6 +441,9 @@ class Consumer:
     def on_response(self, conn: NsqdConnection, data: bytes) -> None:
         if data == b"CLOSE_WAIT":
             self.log.debug("nsqd %s acknowledged CLS", conn.address)
+            with self._lock:
+                self._close_waited.add(conn)
+            self._after_response(conn)
         else:
             self.log.debug("nsqd %s sent an unexpected response %r", conn.address, data[:100])
 
@@ -432,6 +454,8 @@ class Consumer:
                 self._apply(self._rdy.remove(conn.address))
             retiring = conn.address in self._retiring
             self._retiring.discard(conn.address)
+            if not self._stopping:
+                self._close_waited.discard(conn)
         if conn.in_flight:
             self.log.warning(
                 "connection to %s closed with %d message(s) in flight; nsqd will redeliver them",
@@ -450,9 +474,14 @@ class Consumer:
 
     def finish(self, message: Message) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
-        self._respond(conn, commands.fin(message.id), "finished")
         with self._lock:
-            self._apply(self._rdy.on_finish(conn.address))
+            # RDY changes go out before the FIN/REQ, as in go-nsq: a result that starts a
+            # backoff window sends RDY 0 first, or nsqd would deliver the next message in the
+            # gap between the FIN/REQ (which frees a slot) and the RDY 0. A message from a
+            # connection that was replaced since counts for backoff but not for the new one.
+            key = conn.address if self._conns.get(conn.address) is conn else None
+            self._apply_and_wake(lambda: self._rdy.on_finish(key))
+        self._respond(conn, commands.fin(message.id), "finished")
         self._after_response(conn)
 
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
@@ -460,12 +489,11 @@ class Consumer:
         if delay is None:
             delay = self._requeue_delay(message)
         delay = min(delay, self.config.max_requeue_delay)
-        self._respond(conn, commands.req(message.id, delay), "requeued")
         with self._lock:
-            before = self._rdy.next_deadline()
-            self._apply(self._rdy.on_requeue(conn.address, backoff=backoff and not self._stopping))
-            if self._rdy.next_deadline() != before:
-                self._rdy_wakeup.set()
+            key = conn.address if self._conns.get(conn.address) is conn else None
+            counts = backoff and not self._stopping
+            self._apply_and_wake(lambda: self._rdy.on_requeue(key, backoff=counts))
+        self._respond(conn, commands.req(message.id, delay), "requeued")
         self._after_response(conn)
 
     def touch(self, message: Message) -> None:
@@ -486,7 +514,14 @@ class Consumer:
             self._counts[what] += 1
 
     def _after_response(self, conn: NsqdConnection) -> None:
-        if conn.address in self._retiring and conn.in_flight == 0:
+        """Close a retiring connection once nsqd said CLOSE_WAIT and nothing is in flight."""
+        with self._lock:
+            done = (
+                conn.address in self._retiring
+                and conn in self._close_waited
+                and conn.in_flight == 0
+            )
+        if done:
             conn.close()
 
     # ------------------------------------------------------------------ WorkerPool hooks

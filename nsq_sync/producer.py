@@ -277,9 +277,8 @@ class Producer:
             conn = slot.conn
             if conn is not None and not conn.closed:
                 return conn
-            conn = NsqdConnection(slot.address, self.config, runtime=self.runtime)
+            conn = NsqdConnection(slot.address, self.config, runtime=self.runtime, heartbeats=False)
             conn.connect()
-            conn.start_reader()
             slot.conn = conn
             slot.failures = 0
             slot.retry_at = 0.0

@@ -17,7 +17,9 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   ``low_rdy_idle_timeout`` and from connections that held it for a whole interval, and handed to
   connections chosen at random, so every nsqd with messages is eventually served;
 * backoff is global: a failure raises the level, sends RDY 0 everywhere and waits
-  ``backoff.compute(level)``; then one random connection gets RDY 1 to test the water. A success
+  ``backoff.compute(level)``; then one random connection gets RDY 1 to test the water (moved to
+  another connection if its nsqd sends nothing for ``low_rdy_idle_timeout``; sent when a
+  connection joins or the consumer resumes if nobody could take it at expiry). A success
   lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
   backoff window: results that arrive while the timer runs are ignored.
 """
@@ -131,6 +133,9 @@ class RDYManager:
             deadlines.append(self.backoff_until)
         if self.scarce and not self.in_backoff:
             deadlines.append(self.next_redistribute)
+        probe_idle_at = self._probe_idle_deadline()
+        if probe_idle_at is not None:
+            deadlines.append(probe_idle_at)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------ events
@@ -140,7 +145,9 @@ class RDYManager:
         self.conns[key] = ConnRDY(max_rdy=max(1, max_rdy))
         self._recompute_shares()
         actions = self._trim_to_shares()
-        if self.in_backoff or self.max_in_flight == 0:
+        if self.in_backoff:
+            return actions + self._probe_if_none()
+        if self.max_in_flight == 0:
             return actions
         if self.total_rdy + 1 <= self.max_in_flight:
             actions.append(self._set(key, 1))
@@ -152,11 +159,15 @@ class RDYManager:
         if conn is not None:
             self._total -= conn.rdy
         self._recompute_shares()
-        if self.testing and not any(c.rdy for c in self.conns.values()):
-            return self._probe()
-        if self.scarce and not self.in_backoff:
-            return self._fill_random()
-        return []
+        if self.in_backoff:
+            return self._probe_if_none()
+        if self.max_in_flight == 0:
+            return []
+        # Scarce: the freed credit goes to a random waiting connection. Not scarce (any more):
+        # a connection left at RDY 0 while credit was scarce gets its bootstrap RDY 1 now;
+        # nothing else would wake it (no message arrives at RDY 0, and redistribution only runs
+        # while credit is scarce).
+        return self._fill_random()
 
     def on_message(self, key: Hashable) -> list[Action]:
         """A message arrived on ``key``."""
@@ -192,8 +203,10 @@ class RDYManager:
         self.max_in_flight = max_in_flight
         self._recompute_shares()
         actions = self._trim_to_shares()
-        if max_in_flight == 0 or self.in_backoff:
+        if max_in_flight == 0:
             return actions
+        if self.in_backoff:
+            return actions + self._probe_if_none()
         if self.scarce:
             return actions + self._fill_random()
         for key in self.conns:
@@ -208,6 +221,9 @@ class RDYManager:
             self.backoff_until = None
             self.testing = True
             return self._probe()
+        probe_idle_at = self._probe_idle_deadline()
+        if probe_idle_at is not None and now >= probe_idle_at:
+            return self._move_probe()
         if self.scarce and not self.in_backoff and now >= self.next_redistribute:
             self.next_redistribute = now + self.redistribute_interval
             return self._redistribute(now)
@@ -287,11 +303,36 @@ class RDYManager:
         return actions
 
     def _probe(self) -> list[Action]:
-        """Backoff timer expired: RDY 1 to one random connection."""
-        if not self.conns:
+        """Backoff timer expired: RDY 1 to one random connection.
+
+        With no connection, or while paused (max_in_flight 0), the probe waits (``testing``
+        stays set): the next connection to join, or the resume, sends it."""
+        if not self.conns or self.max_in_flight == 0:
             return []
         key = self.rng.choice(list(self.conns))
         return [self._set(key, 1)]
+
+    def _probe_if_none(self) -> list[Action]:
+        """While testing the water, send the probe if no connection holds it."""
+        if self.testing and self.total_rdy == 0:
+            return self._probe()
+        return []
+
+    def _probe_idle_deadline(self) -> float | None:
+        """When the probe should move: its connection got no message for low_rdy_idle_timeout
+        (its nsqd may have nothing to send; go-nsq redistributes during backoff too)."""
+        if not self.testing or self.backoff_until is not None or len(self.conns) < 2:
+            return None
+        for conn in self.conns.values():
+            if conn.rdy > 0 and conn.in_flight == 0:
+                return max(conn.last_msg_at, conn.granted_at) + self.low_rdy_idle_timeout
+        return None
+
+    def _move_probe(self) -> list[Action]:
+        holder = next(k for k, c in self.conns.items() if c.rdy > 0)
+        others = [k for k in self.conns if k != holder]
+        key = self.rng.choice(others)
+        return [self._set(holder, 0), self._set(key, 1)]
 
     def _result(self, success: bool) -> list[Action]:
         if self.backoff is None:

@@ -69,6 +69,11 @@ class Transport:
         self._tls_out: ssl.MemoryBIO | None = None
         self._codec: Codec | None = None
         self._pending_plain = b""
+        # Commands waiting to be written; one task at a time (the writer) writes them, so
+        # commands from concurrent tasks go out together (see send/send_deferred).
+        self._buf: list[bytes] = []
+        self._buf_lock = runtime.lock()
+        self._writing = False
         self.closed = False
         host, port = parse_address(address)
         try:
@@ -83,6 +88,10 @@ class Transport:
         self._wsock: Any = sock.dup()
         self._wsock.settimeout(write_timeout)
         self.read_timeout = read_timeout
+
+    def enable_keepalive(self) -> None:
+        """Turn on TCP keepalive (connections without heartbeats still notice dead peers)."""
+        self._rsock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
     # ------------------------------------------------------------------ upgrades (handshake only)
 
@@ -136,17 +145,22 @@ class Transport:
 
     # ------------------------------------------------------------------ I/O
 
-    def recv(self) -> bytes:
+    def recv(self, timeout: float | None = None) -> bytes:
         """Return the next plaintext bytes; ``b""`` when the peer closed. One reader at a time.
 
+        Args:
+            timeout: seconds to wait for data; None means ``read_timeout``.
+
         Raises:
-            ReadTimeout: nothing arrived within ``read_timeout``.
+            ReadTimeout: nothing arrived within the timeout.
             ConnectionClosed: the connection was closed locally.
             NSQConnectionError: a socket or TLS error.
         """
         if self._pending_plain:
             data, self._pending_plain = self._pending_plain, b""
             return data
+        if timeout is not None:
+            self._rsock.settimeout(max(timeout, 0.0001))
         while True:
             raw = self._recv_raw()
             if not raw:
@@ -159,19 +173,79 @@ class Transport:
                 return raw
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` whole (compressed and encrypted as negotiated). Thread-safe.
+        """Write ``data`` (compressed and encrypted as negotiated). Thread-safe.
+
+        Writes are combined: when another task is writing, ``data`` joins the buffer that task
+        writes next, and this call returns at once (a failure then closes the connection, which
+        every user of it notices).
 
         Raises:
             ConnectionClosed, NSQConnectionError (including a write timeout).
         """
-        with self._write_lock:
-            if self._codec is not None:
-                data = self._codec.compress(data)
-            if self._tls is not None:
-                with self._tls_lock:
-                    self._tls.write(data)
-                    data = self._tls_out.read()  # type: ignore[union-attr]
-            self._send_raw(data)
+        if self.enqueue(data):
+            self.drain()
+
+    def enqueue(self, data: bytes) -> bool:
+        """Append ``data`` to the write buffer. Thread-safe.
+
+        Returns:
+            True when the caller became the writer and must call :meth:`drain`.
+        """
+        with self._buf_lock:
+            self._buf.append(data)
+            if self._writing:
+                return False
+            self._writing = True
+            return True
+
+    def send_deferred(self, data: bytes) -> bool:
+        """Buffer ``data`` for the next write (by :meth:`send` or :meth:`flush`). Thread-safe.
+
+        Workers answer messages (FIN/REQ) through here: one write per batch instead of one
+        system call per message. The caller must make sure a flush follows soon.
+
+        Returns:
+            True when the buffer was empty (the caller should schedule a flush).
+        """
+        with self._buf_lock:
+            self._buf.append(data)
+            return len(self._buf) == 1 and not self._writing
+
+    def flush(self) -> None:
+        """Write whatever is buffered (unless another task is writing it now). Thread-safe."""
+        with self._buf_lock:
+            if self._writing or not self._buf:
+                return
+            self._writing = True
+        self.drain()
+
+    def drain(self) -> None:
+        """As the writer: write the buffer until it is empty, then give up the role."""
+        try:
+            while True:
+                with self._buf_lock:
+                    buf = self._buf
+                    if not buf:
+                        self._writing = False
+                        return
+                    data = buf[0] if len(buf) == 1 else b"".join(buf)
+                    buf.clear()
+                with self._write_lock:
+                    self._send_locked(data)
+        except BaseException:
+            with self._buf_lock:
+                self._writing = False
+                self._buf.clear()
+            raise
+
+    def _send_locked(self, data: bytes) -> None:
+        if self._codec is not None:
+            data = self._codec.compress(data)
+        if self._tls is not None:
+            with self._tls_lock:
+                self._tls.write(data)
+                data = self._tls_out.read()  # type: ignore[union-attr]
+        self._send_raw(data)
 
     def _decrypt(self, raw: bytes) -> bytes:
         assert self._tls is not None and self._tls_in is not None and self._tls_out is not None
@@ -205,7 +279,7 @@ class Transport:
             if self.closed:
                 raise ConnectionClosed("connection closed", self.address, by_server=False) from exc
             raise ReadTimeout(
-                f"no data from nsqd for {self.read_timeout} s (missed heartbeats)", self.address
+                f"no data from nsqd for {self._rsock.gettimeout()} s", self.address
             ) from exc
         except OSError as exc:
             if self.closed:

@@ -35,6 +35,9 @@ class GeventRuntime:
     def queue(self, maxsize: int = 0) -> Any:
         return gevent.queue.Queue(maxsize or None)
 
+    def signal(self) -> Any:
+        return gevent.event.Event()
+
     def sleep(self, seconds: float) -> None:
         gevent.sleep(seconds)
 

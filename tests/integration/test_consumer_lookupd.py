@@ -1,0 +1,262 @@
+"""The Consumer discovering nsqds through a real nsqlookupd.
+
+Bounded like test_consumer.py: deadline polls, no fixed sleeps, a watchdog per test; runs under
+threads and under gevent (``python tests/run_gevent.py``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
+from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+TIMEOUT = 20.0
+WATCHDOG = 120.0
+CHANNEL = "ch"
+FAST_DISCOVERY = {"lookupd_poll_interval": 0.5, "lookupd_poll_jitter": 0.2}
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def wait_for(
+    predicate: Callable[[], T], what: str, timeout: float = TIMEOUT, interval: float = 0.01
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Recorder:
+    """Records (body, nsqd address) of every handled message; thread-safe."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.seen: list[tuple[bytes, str]] = []
+
+    def __call__(self, message: Message) -> None:
+        if self.delay:
+            time.sleep(self.delay)
+        with self.lock:
+            self.seen.append((message.body, message.nsqd_address))
+
+    @property
+    def handled(self) -> int:
+        with self.lock:
+            return len(self.seen)
+
+    def by_address(self) -> Counter[str]:
+        with self.lock:
+            return Counter(address for _, address in self.seen)
+
+
+@pytest.fixture
+def consumers() -> Iterator[Callable[..., Consumer]]:
+    made: list[Consumer] = []
+
+    def make(*args: Any, **kwargs: Any) -> Consumer:
+        consumer = Consumer(*args, **kwargs)
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.stop(timeout=5.0)
+
+
+def publish(nsqd: NsqdProcess, topic: str, n: int, prefix: str) -> NsqdHTTPClient:
+    client = NsqdHTTPClient(nsqd.http_url)
+    client.create_topic(topic)
+    client.create_channel(topic, CHANNEL)
+    client.mpub(topic, [f"{prefix}{i}".encode() for i in range(n)])
+    return client
+
+
+def wait_listed(lookupd: NsqlookupdProcess, topic: str, nsqds: list[NsqdProcess]) -> None:
+    """Wait until nsqlookupd lists every one of ``nsqds`` as a producer of ``topic``."""
+    wanted = {n.tcp_address for n in nsqds}
+    with LookupdClient(lookupd.http_url) as client:
+        wait_for(
+            lambda: wanted <= {p.tcp_address for p in client.lookup(topic)},
+            f"lookupd to list {sorted(wanted)} for {topic}",
+        )
+
+
+def channel(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
+    stats = client.channel_stats(topic, CHANNEL)
+    assert stats is not None
+    return stats
+
+
+def drained(client: NsqdHTTPClient, topic: str) -> bool:
+    stats = channel(client, topic)
+    return stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_discovers_two_nsqds_and_one_that_joins_later(
+    nsq_cluster: Any,
+    nsqd_factory: Callable[..., NsqdProcess],
+    topic: str,
+    consumers: Callable[..., Consumer],
+) -> None:
+    cluster = nsq_cluster(2)
+    first, second = cluster.nsqds
+    clients = [publish(first, topic, 20, "a"), publish(second, topic, 20, "b")]
+    wait_listed(cluster.lookupd, topic, [first, second])
+
+    handler = Recorder()
+    consumer = consumers(
+        topic,
+        CHANNEL,
+        handler,
+        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        max_in_flight=10,
+        **FAST_DISCOVERY,
+    )
+    consumer.start()
+    wait_for(lambda: handler.handled == 40, "40 messages from the first two nsqds")
+    assert handler.by_address() == {first.tcp_address: 20, second.tcp_address: 20}
+    assert consumer.connections == sorted([first.tcp_address, second.tcp_address])
+
+    # a third nsqd joins mid-run: the next lookupd poll finds it
+    third = nsqd_factory(lookupd=cluster.lookupd)
+    clients.append(publish(third, topic, 15, "c"))
+    wait_listed(cluster.lookupd, topic, [third])
+    wait_for(lambda: third.tcp_address in consumer.connections, "a connection to the new nsqd")
+    wait_for(lambda: handler.handled == 55, "the new nsqd's messages")
+    assert handler.by_address()[third.tcp_address] == 15
+    for client in clients:
+        wait_for(lambda client=client: drained(client, topic), "every channel empty")
+    assert len({body for body, _ in handler.seen}) == 55
+
+
+def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
+    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """max_in_flight < connections: credit rotates between the nsqds (so all are consumed) and
+    the RDY the nsqds report never adds up to more than 2.
+
+    A sweep reads the three /stats one after the other, so it is not a snapshot: a RDY that
+    moves from nsqd A to nsqd B between the reads of A and B would be counted twice although
+    the consumer wrote RDY 0 to A before RDY 1 to B. Each nsqd's value is therefore the smaller
+    of two consecutive sweeps; a move is then counted at most once, while any over-grant that
+    lasts longer than a sweep (~20 ms) is still seen.
+    """
+    cluster = nsq_cluster(3)
+    per_nsqd = 40
+    clients = [publish(n, topic, per_nsqd, f"n{i}-") for i, n in enumerate(cluster.nsqds)]
+    wait_listed(cluster.lookupd, topic, list(cluster.nsqds))
+
+    handler = Recorder(delay=0.01)  # ~2 s of work: many sweeps, many rotations
+    consumer = consumers(
+        topic,
+        CHANNEL,
+        handler,
+        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        max_in_flight=2,
+        rdy_redistribute_interval=0.2,
+        low_rdy_idle_timeout=0.5,
+        **FAST_DISCOVERY,
+    )
+
+    sweeps: list[list[int]] = []
+    client_totals: list[int] = []
+    stop_sampling = threading.Event()
+
+    def ready(client: NsqdHTTPClient) -> int:
+        return sum(c["ready_count"] for c in channel(client, topic)["clients"])
+
+    def sample() -> None:
+        samplers = [NsqdHTTPClient(n.http_url) for n in cluster.nsqds]
+        while not stop_sampling.is_set():
+            sweeps.append([ready(c) for c in samplers])
+            client_totals.append(consumer.stats().total_rdy)
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        consumer.start()
+        wait_for(lambda: handler.handled == 3 * per_nsqd, "every message from all three nsqds")
+    finally:
+        stop_sampling.set()
+        sampler.join(TIMEOUT)
+
+    assert handler.by_address() == {n.tcp_address: per_nsqd for n in cluster.nsqds}
+    assert len(sweeps) >= 30, "too few samples to say anything"
+    assert any(sum(s) > 0 for s in sweeps), "the sampler never saw any RDY"
+    assert max(client_totals) <= 2
+    for before, after in zip(sweeps, sweeps[1:]):
+        settled = [min(a, b) for a, b in zip(before, after)]
+        assert sum(settled) <= 2, (before, after)
+    for client in clients:
+        wait_for(lambda client=client: drained(client, topic), "every channel empty")
+
+
+def test_nsqd_dropped_by_lookupd_is_retired_cleanly(
+    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """An nsqd that lookupd stops listing (tombstoned) is drained and closed: its RDY goes to 0,
+    nothing is left in flight on it, and the other nsqd keeps being consumed."""
+    cluster = nsq_cluster(2)
+    kept, dropped = cluster.nsqds
+    kept_client = publish(kept, topic, 10, "k")
+    dropped_client = publish(dropped, topic, 10, "d")
+    wait_listed(cluster.lookupd, topic, [kept, dropped])
+
+    handler = Recorder()
+    consumer = consumers(
+        topic,
+        CHANNEL,
+        handler,
+        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        max_in_flight=4,
+        **FAST_DISCOVERY,
+    )
+    consumer.start()
+    wait_for(lambda: handler.handled == 20, "the first 20 messages")
+
+    with LookupdClient(cluster.lookupd.http_url) as lookupd:
+        lookupd.tombstone_topic_producer(topic, dropped.http_address)
+    wait_for(lambda: consumer.connections == [kept.tcp_address], "the tombstoned nsqd retired")
+
+    def retired() -> dict[str, Any] | None:
+        stats = channel(dropped_client, topic)
+        return stats if stats["client_count"] == 0 and stats["in_flight_count"] == 0 else None
+
+    wait_for(retired, "no client and nothing in flight on the retired nsqd", timeout=5.0)
+    kept_client.mpub(topic, [b"k-after-%d" % i for i in range(10)])
+    wait_for(lambda: handler.handled == 30, "the kept nsqd's new messages")
+    wait_for(lambda: drained(kept_client, topic), "the kept channel empty")
+    # all of max_in_flight is back on the one nsqd left
+    wait_for(
+        lambda: [c["ready_count"] for c in channel(kept_client, topic)["clients"]] == [4],
+        "RDY 4 on the remaining nsqd",
+    )

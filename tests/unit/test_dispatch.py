@@ -1,0 +1,330 @@
+"""WorkerPool semantics without sockets: a recording Responder stands in for the consumer.
+
+Each test starts a real pool (threads, or greenlets under ``tests/run_gevent.py``), submits
+messages and stops it: ``stop`` queues one stop marker per worker behind the messages, so when it
+returns every submitted message has been processed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from nsq_sync.dispatch import WorkerPool
+from nsq_sync.errors import RequeueMessage
+from nsq_sync.message import Message
+from nsq_sync.runtime import resolve_runtime
+
+TIMEOUT = 10.0
+
+
+class RecordingResponder:
+    """A real in-memory Responder: records every call the messages make, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
+
+    def finish(self, message: Message) -> None:
+        with self._lock:
+            self.calls.append(("finish", message.id))
+
+    def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+        with self._lock:
+            self.calls.append(("requeue", message.id, delay, backoff))
+
+    def touch(self, message: Message) -> None:
+        with self._lock:
+            self.calls.append(("touch", message.id))
+
+
+class Harness:
+    def __init__(
+        self,
+        handler: Callable[[Message], Any],
+        *,
+        max_attempts: int = 0,
+        giving_up: Callable[[Message], Any] | None = None,
+        concurrency: int = 1,
+        stale: bool = False,
+    ) -> None:
+        self.responder = RecordingResponder()
+        self.events: list[tuple[str, bytes]] = []  # handler / giving_up / skip / gave_up, in order
+        self.handler = handler
+        self.giving_up_fn = giving_up
+        self.pool = WorkerPool(
+            resolve_runtime("auto"),
+            self._handler,
+            concurrency=concurrency,
+            max_attempts=max_attempts,
+            giving_up=self._giving_up if giving_up is not None else None,
+            log=logging.getLogger("test_dispatch"),
+            is_stale=lambda message: stale,
+            on_skip=lambda message: self.events.append(("skip", message.id)),
+            on_gave_up=lambda message: self.events.append(("gave_up", message.id)),
+        )
+        self._n = 0
+
+    def _handler(self, message: Message) -> Any:
+        self.events.append(("handler", message.id))
+        return self.handler(message)
+
+    def _giving_up(self, message: Message) -> Any:
+        self.events.append(("giving_up", message.id))
+        assert self.giving_up_fn is not None
+        return self.giving_up_fn(message)
+
+    def message(self, attempts: int = 1, body: bytes = b"body") -> Message:
+        self._n += 1
+        msg_id = b"%016d" % self._n
+        return Message(msg_id, body, 0, attempts, self.responder, "127.0.0.1:4150", None)
+
+    def run(self, *messages: Message) -> list[tuple[Any, ...]]:
+        self.pool.start("test")
+        for message in messages:
+            self.pool.submit(message)
+        assert self.pool.stop(TIMEOUT), "workers did not finish in time"
+        return self.responder.calls
+
+
+def ok(message: Message) -> None:
+    return None
+
+
+def boom(message: Message) -> None:
+    raise ValueError("handler failed")
+
+
+def test_return_finishes() -> None:
+    h = Harness(ok)
+    m = h.message()
+    assert h.run(m) == [("finish", m.id)]
+    assert m.has_responded
+
+
+def test_return_value_is_ignored() -> None:
+    h = Harness(lambda message: False)
+    m = h.message()
+    assert h.run(m) == [("finish", m.id)]
+
+
+def test_raise_requeues_with_the_default_delay_and_backoff(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(boom)
+    m = h.message(attempts=2)
+    with caplog.at_level(logging.ERROR, logger="test_dispatch"):
+        assert h.run(m) == [("requeue", m.id, None, True)]
+    assert any("ValueError" in (r.exc_text or "") for r in caplog.records), "traceback not logged"
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (RequeueMessage(delay=3, backoff=False), (3, False)),
+        (RequeueMessage(delay=0.5), (0.5, True)),
+        (RequeueMessage(), (None, True)),
+        (RequeueMessage(backoff=False), (None, False)),
+    ],
+)
+def test_requeue_message_uses_the_handlers_delay_and_backoff(
+    exc: RequeueMessage, expected: tuple[Any, bool]
+) -> None:
+    def handler(message: Message) -> None:
+        raise exc
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == [("requeue", m.id, *expected)]
+
+
+def test_requeue_message_on_the_last_attempt_is_still_a_requeue() -> None:
+    # An explicit requeue is the application's choice; only failures count towards give-up.
+    def handler(message: Message) -> None:
+        raise RequeueMessage(delay=1, backoff=False)
+
+    h = Harness(handler, max_attempts=3, giving_up=ok)
+    m = h.message(attempts=3)
+    assert h.run(m) == [("requeue", m.id, 1, False)]
+    assert ("giving_up", m.id) not in h.events
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_failure_before_max_attempts_requeues(attempts: int) -> None:
+    h = Harness(boom, max_attempts=3, giving_up=ok)
+    m = h.message(attempts=attempts)
+    assert h.run(m) == [("requeue", m.id, None, True)]
+    assert [e for e, _ in h.events] == ["handler"]
+
+
+def test_failure_on_the_last_attempt_gives_up_then_finishes() -> None:
+    order: list[str] = []
+
+    def giving_up(message: Message) -> None:
+        order.append(f"giving_up:{len(h.responder.calls)}")  # nothing answered yet
+
+    h = Harness(boom, max_attempts=3, giving_up=giving_up)
+    m = h.message(attempts=3)
+    assert h.run(m) == [("finish", m.id)]
+    assert order == ["giving_up:0"]
+    assert [e for e, _ in h.events] == ["handler", "giving_up", "gave_up"]
+
+
+@pytest.mark.parametrize("attempts", [4, 10, 65535])
+def test_delivered_past_max_attempts_gives_up_without_running_the_handler(attempts: int) -> None:
+    h = Harness(ok, max_attempts=3, giving_up=ok)
+    m = h.message(attempts=attempts)
+    assert h.run(m) == [("finish", m.id)]
+    assert [e for e, _ in h.events] == ["giving_up", "gave_up"]
+
+
+def test_default_give_up_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(boom, max_attempts=1)
+    m = h.message(attempts=1, body=b"12345")
+    with caplog.at_level(logging.WARNING, logger="test_dispatch"):
+        assert h.run(m) == [("finish", m.id)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.id.decode() in w and "5 bytes" in w for w in warnings), warnings
+    assert ("gave_up", m.id) in h.events
+
+
+def test_max_attempts_zero_means_unlimited() -> None:
+    h = Harness(boom, max_attempts=0, giving_up=ok)
+    m = h.message(attempts=60000)
+    assert h.run(m) == [("requeue", m.id, None, True)]
+    assert [e for e, _ in h.events] == ["handler"]
+
+
+def test_giving_up_that_raises_requeues_instead_of_losing_the_message() -> None:
+    h = Harness(boom, max_attempts=3, giving_up=boom)
+    m = h.message(attempts=3)
+    calls = h.run(m)
+    assert len(calls) == 1 and calls[0][:2] == ("requeue", m.id)
+    assert ("gave_up", m.id) not in h.events
+
+
+def test_giving_up_that_answers_itself_is_not_answered_twice() -> None:
+    h = Harness(ok, max_attempts=3, giving_up=lambda message: message.requeue(60, backoff=False))
+    m = h.message(attempts=5)
+    assert h.run(m) == [("requeue", m.id, 60, False)]
+
+
+def test_enable_async_sends_nothing_until_the_application_answers() -> None:
+    kept: list[Message] = []
+
+    def handler(message: Message) -> None:
+        message.enable_async()
+        kept.append(message)
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == []
+    assert m.is_async and not m.has_responded
+    done = threading.Event()
+
+    def later() -> None:
+        kept[0].finish()
+        done.set()
+
+    threading.Thread(target=later).start()
+    assert done.wait(TIMEOUT)
+    assert h.responder.calls == [("finish", m.id)]
+
+
+def test_enable_async_then_raise_still_requeues() -> None:
+    def handler(message: Message) -> None:
+        message.enable_async()
+        raise ValueError("failed before handing the message off")
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == [("requeue", m.id, None, True)]
+
+
+def test_finish_twice_sends_one_finish() -> None:
+    def handler(message: Message) -> None:
+        message.finish()
+        message.finish()
+        message.requeue()
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == [("finish", m.id)]
+    m.finish()
+    assert h.responder.calls == [("finish", m.id)]
+
+
+def test_handler_that_answers_then_raises_is_not_answered_again() -> None:
+    def handler(message: Message) -> None:
+        message.finish()
+        raise ValueError("after the FIN")
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == [("finish", m.id)]
+
+
+def test_touch_goes_through_the_responder_until_answered() -> None:
+    def handler(message: Message) -> None:
+        message.touch()
+        message.touch()
+
+    h = Harness(handler)
+    m = h.message()
+    assert h.run(m) == [("touch", m.id), ("touch", m.id), ("finish", m.id)]
+    m.touch()  # answered: TOUCH would fail on nsqd, so nothing is sent
+    assert h.responder.calls[-1] == ("finish", m.id)
+
+
+def test_requeue_rejects_a_negative_delay() -> None:
+    m = Message(b"0" * 16, b"", 0, 1, RecordingResponder())
+    with pytest.raises(ValueError, match="delay"):
+        m.requeue(-1)
+    assert not m.has_responded
+
+
+def test_stale_message_is_skipped_without_running_or_answering() -> None:
+    h = Harness(ok, stale=True)
+    m = h.message()
+    assert h.run(m) == []
+    assert h.events == [("skip", m.id)]
+
+
+def test_many_messages_on_many_workers_are_each_answered_once() -> None:
+    def handler(message: Message) -> None:
+        n = int(message.body)
+        if n % 3 == 0:
+            raise ValueError(n)
+        if n % 3 == 1:
+            raise RequeueMessage(delay=n, backoff=False)
+
+    h = Harness(handler, concurrency=4)
+    messages = [h.message(body=b"%d" % i) for i in range(200)]
+    calls = h.run(*messages)
+    assert len(calls) == 200
+    assert sorted(c[1] for c in calls) == sorted(m.id for m in messages)
+    by_id = {c[1]: c for c in calls}
+    for i, m in enumerate(messages):
+        expected = (
+            ("requeue", m.id, None, True)
+            if i % 3 == 0
+            else ("requeue", m.id, i, False)
+            if i % 3 == 1
+            else ("finish", m.id)
+        )
+        assert by_id[m.id] == expected
+    assert h.pool.running == 0
+
+
+def test_drain_returns_queued_messages_that_did_not_start() -> None:
+    h = Harness(ok)
+    messages = [h.message() for _ in range(3)]
+    for m in messages:
+        h.pool.submit(m)  # workers not started: everything stays queued
+    assert h.pool.drain() == messages
+    assert h.pool.drain() == []
+    assert h.run() == []

@@ -1,0 +1,842 @@
+"""The RDY manager as pure policy: a fake clock, a seeded RNG, no sockets, no threads.
+
+Every returned action list is applied one action at a time to a model of "what nsqd was told"
+(:class:`Wire`), and the invariants are checked after *each* action, not only after the batch:
+the consumer writes RDY commands in the order the manager returns them, so an increase that comes
+before the matching decrease would briefly hand out more credit than ``max_in_flight``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff
+from nsq_sync.rdy import STARVED_RATIO, RDYManager
+
+
+class FakeClock:
+    """Monotonic seconds that only move when the test says so."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+    def jump_to(self, when: float | None) -> None:
+        """Move to ``when`` (a deadline), never backwards: a deadline may already be past."""
+        assert when is not None
+        self.now = max(self.now, when)
+
+
+class Wire:
+    """What every nsqd was last told, built only from the actions the manager returned.
+
+    ``apply`` sends the actions one by one and checks after each one that the credit handed out
+    never exceeds ``max_in_flight``, never exceeds a connection's ``max_rdy_count`` and is never
+    negative; after the batch the wire must agree with the manager's own view.
+    """
+
+    def __init__(self, manager: RDYManager) -> None:
+        self.m = manager
+        self.rdy: dict[Hashable, int] = {}
+        self.max_rdy: dict[Hashable, int] = {}
+        self.ever_served: set[Hashable] = set()
+        self.batches = 0
+
+    # -- events, each followed by apply()
+
+    def add(self, key: Hashable, max_rdy: int = 2500) -> list[tuple[Any, int]]:
+        self.rdy[key] = 0  # SUB leaves a new connection at RDY 0
+        self.max_rdy[key] = max_rdy
+        return self.apply(self.m.add(key, max_rdy))
+
+    def remove(self, key: Hashable) -> list[tuple[Any, int]]:
+        # The connection is gone: nsqd forgets its RDY with it.
+        self.rdy.pop(key, None)
+        self.max_rdy.pop(key, None)
+        return self.apply(self.m.remove(key))
+
+    def message(self, key: Hashable) -> list[tuple[Any, int]]:
+        return self.apply(self.m.on_message(key))
+
+    def finish(self, key: Hashable) -> list[tuple[Any, int]]:
+        return self.apply(self.m.on_finish(key))
+
+    def requeue(self, key: Hashable, backoff: bool = True) -> list[tuple[Any, int]]:
+        return self.apply(self.m.on_requeue(key, backoff=backoff))
+
+    def tick(self) -> list[tuple[Any, int]]:
+        return self.apply(self.m.tick())
+
+    def set_max_in_flight(self, n: int) -> list[tuple[Any, int]]:
+        # Lowering the limit is only safe because the decreases come first: check against the
+        # larger of the two limits until the batch is applied, then against the new one.
+        before = self.m.max_in_flight
+        return self.apply(self.m.set_max_in_flight(n), limit=max(before, n))
+
+    # -- the checker
+
+    def apply(
+        self, actions: list[tuple[Any, int]], limit: int | None = None
+    ) -> list[tuple[Any, int]]:
+        self.batches += 1
+        limit = self.m.max_in_flight if limit is None else limit
+        for key, count in actions:
+            assert key in self.rdy, f"RDY {count} for unknown connection {key!r}"
+            assert count >= 0, f"negative RDY {count} for {key!r}"
+            assert count <= self.max_rdy[key], (
+                f"RDY {count} for {key!r} is above its max_rdy_count {self.max_rdy[key]}"
+            )
+            self.rdy[key] = count
+            if count > 0:
+                self.ever_served.add(key)
+            total = sum(self.rdy.values())
+            assert total <= limit, (
+                f"after ({key!r}, {count}) of {actions}: sum(RDY)={total} > max_in_flight={limit}"
+            )
+        total = sum(self.rdy.values())
+        assert total <= self.m.max_in_flight, f"sum(RDY)={total} > {self.m.max_in_flight}"
+        assert self.rdy == {k: c.rdy for k, c in self.m.conns.items()}, "wire and manager differ"
+        assert self.m.total_rdy == total
+        return actions
+
+    @property
+    def total(self) -> int:
+        return sum(self.rdy.values())
+
+    def holders(self) -> set[Hashable]:
+        return {k for k, v in self.rdy.items() if v > 0}
+
+
+def make(
+    max_in_flight: int,
+    *,
+    backoff: ExponentialBackoff | None = None,
+    seed: int = 1,
+    low_rdy_idle_timeout: float = 10.0,
+    redistribute_interval: float = 5.0,
+) -> tuple[RDYManager, Wire, FakeClock]:
+    clock = FakeClock()
+    manager = RDYManager(
+        max_in_flight,
+        backoff=backoff,
+        low_rdy_idle_timeout=low_rdy_idle_timeout,
+        redistribute_interval=redistribute_interval,
+        clock=clock,
+        rng=random.Random(seed),
+    )
+    return manager, Wire(manager), clock
+
+
+def fill(wire: Wire, keys: list[str]) -> None:
+    """Connect ``keys`` and deliver one message on each (so each reaches its even share)."""
+    for key in keys:
+        wire.add(key)
+    for key in keys:
+        wire.message(key)
+        wire.finish(key)
+
+
+# --------------------------------------------------------------------------- bootstrap and split
+
+
+def test_new_connection_bootstraps_with_rdy_1() -> None:
+    m, wire, _ = make(100)
+    assert wire.add("a") == [("a", 1)]
+    assert wire.add("b") == [("b", 1)]
+    assert wire.rdy == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize(
+    ("max_in_flight", "n", "shares"),
+    [
+        (10, 1, [10]),
+        (10, 2, [5, 5]),
+        (10, 3, [4, 3, 3]),  # the remainder goes to the first connections
+        (11, 3, [4, 4, 3]),
+        (12, 3, [4, 4, 4]),
+        (3, 3, [1, 1, 1]),
+        (7, 4, [2, 2, 2, 1]),
+        (200, 8, [25] * 8),
+    ],
+)
+def test_first_message_raises_a_connection_to_its_even_share(
+    max_in_flight: int, n: int, shares: list[int]
+) -> None:
+    m, wire, _ = make(max_in_flight)
+    keys = [f"c{i}" for i in range(n)]
+    for key in keys:
+        wire.add(key)
+    for key, share in zip(keys, shares):
+        assert m.share(key) == share
+        actions = wire.message(key)
+        assert actions == ([(key, share)] if share > 1 else [(key, 1)])
+    assert [wire.rdy[k] for k in keys] == shares
+    assert wire.total == sum(shares) <= max_in_flight
+
+
+@pytest.mark.parametrize(
+    ("max_in_flight", "max_rdy", "expected"),
+    [(100, 10, 10), (100, 2500, 100), (5000, 2500, 2500), (10, 1, 1)],
+)
+def test_share_never_exceeds_max_rdy_count(max_in_flight: int, max_rdy: int, expected: int) -> None:
+    m, wire, _ = make(max_in_flight)
+    wire.add("a", max_rdy=max_rdy)
+    wire.message("a")
+    assert wire.rdy["a"] == expected
+
+
+def test_max_rdy_count_is_per_connection() -> None:
+    m, wire, _ = make(100)
+    wire.add("small", max_rdy=5)
+    wire.add("big", max_rdy=2500)
+    wire.message("small")
+    wire.message("big")
+    assert wire.rdy == {"small": 5, "big": 50}
+
+
+@pytest.mark.parametrize(
+    ("rdy", "update_at_remaining"), [(100, 25), (8, 2), (4, 1), (3, 0), (1, 0)]
+)
+def test_rdy_is_renewed_when_remaining_falls_to_a_quarter(
+    rdy: int, update_at_remaining: int
+) -> None:
+    m, wire, _ = make(rdy)
+    wire.add("a")
+    assert wire.message("a") == ([("a", rdy)] if rdy > 1 else [("a", 1)])
+    remaining = rdy
+    while True:
+        actions = wire.message("a")
+        remaining -= 1
+        if actions:
+            break
+        assert remaining > update_at_remaining
+    assert remaining == update_at_remaining
+    assert actions == [("a", rdy)]
+
+
+# --------------------------------------------------------------------------- joining and leaving
+
+
+def test_joining_lowers_existing_connections_before_bootstrapping_the_new_one() -> None:
+    m, wire, _ = make(10)
+    fill(wire, ["a", "b"])
+    assert wire.rdy == {"a": 5, "b": 5}
+    actions = wire.add("c")  # shares become 4, 3, 3
+    assert actions == [("a", 4), ("b", 3), ("c", 1)]
+    wire.message("c")
+    assert wire.rdy == {"a": 4, "b": 3, "c": 3}
+
+
+def test_leaving_returns_credit_that_the_others_take_on_their_next_message() -> None:
+    m, wire, _ = make(9)
+    fill(wire, ["a", "b", "c"])
+    assert wire.rdy == {"a": 3, "b": 3, "c": 3}
+    wire.remove("b")
+    assert wire.total == 6
+    wire.message("a")
+    wire.message("c")
+    assert wire.rdy == {"a": 5, "c": 4}
+
+
+def test_joining_and_leaving_sequence_keeps_the_invariant_after_every_action() -> None:
+    m, wire, clock = make(7, seed=3)
+    script = [
+        ("add", "a"),
+        ("msg", "a"),
+        ("add", "b"),
+        ("msg", "b"),
+        ("msg", "a"),
+        ("add", "c"),
+        ("add", "d"),
+        ("msg", "c"),
+        ("msg", "d"),
+        ("remove", "a"),
+        ("msg", "b"),
+        ("add", "e"),
+        ("add", "f"),
+        ("add", "g"),
+        ("add", "h"),  # 8 connections > max_in_flight 7: scarce
+        ("tick", ""),
+        ("remove", "c"),
+        ("msg", "b"),
+        ("remove", "d"),  # 6 connections again: everyone gets credit back
+        ("msg", "e"),
+        ("remove", "e"),
+        ("add", "a"),
+    ]
+    for op, key in script:
+        if op == "add":
+            wire.add(key)
+        elif op == "remove":
+            wire.remove(key)
+        elif op == "msg":
+            wire.message(key)
+            wire.finish(key)
+        else:
+            clock.advance(m.redistribute_interval)
+            wire.tick()
+    assert not m.scarce
+    assert all(v > 0 for v in wire.rdy.values()), wire.rdy
+
+
+def test_leaving_the_scarce_regime_gives_every_connection_credit_again() -> None:
+    # 3 connections, max_in_flight 2: one waits at RDY 0. When another leaves there is enough
+    # credit for everyone, and the waiting one must not stay at 0 (nothing else would wake it:
+    # no messages can arrive at RDY 0 and redistribution only runs while credit is scarce).
+    for seed in range(20):
+        m, wire, _ = make(2, seed=seed)
+        for key in "abc":
+            wire.add(key)
+        waiting = [k for k, v in wire.rdy.items() if v == 0]
+        assert len(waiting) == 1
+        holder = next(k for k in "abc" if k not in waiting)
+        wire.remove(holder)
+        assert not m.scarce
+        assert all(v >= 1 for v in wire.rdy.values()), (seed, wire.rdy)
+        assert m.next_deadline() is None
+
+
+# --------------------------------------------------------------------------- scarce credit
+
+
+def test_scarce_credit_goes_to_at_most_max_in_flight_connections() -> None:
+    m, wire, _ = make(2)
+    for key in "abcde":
+        wire.add(key)
+    assert m.scarce
+    assert wire.total == 2
+    assert len(wire.holders()) == 2
+    assert all(v <= 1 for v in wire.rdy.values())
+
+
+def test_idle_holder_is_reclaimed_after_low_rdy_idle_timeout() -> None:
+    """A connection granted credit mid-interval keeps it while messages flow, and loses it at
+    the next redistribution once it has been idle for longer than low_rdy_idle_timeout."""
+    for busy in (True, False):
+        m, wire, clock = make(2, seed=7, low_rdy_idle_timeout=1.0, redistribute_interval=5.0)
+        for key in "abcd":
+            wire.add(key)
+        wire.tick()  # the first redistribution: everyone was just granted, nothing moves
+        assert wire.holders() == {"a", "b"}
+        clock.advance(3.0)
+        wire.remove("a")  # its credit goes to c or d at once
+        (fresh,) = wire.holders() - {"b"}
+        granted_at = m.conns[fresh].granted_at
+        clock.advance(1.5)
+        if busy:
+            wire.message(fresh)
+            wire.finish(fresh)
+        clock.advance(0.5)  # the next redistribution: 2 s after the grant, 0.5 s after a message
+        assert clock.now == m.next_deadline()
+        wire.tick()
+        reclaimed = wire.rdy[fresh] == 0 or m.conns[fresh].granted_at != granted_at
+        assert reclaimed is not busy
+
+
+def test_redistribution_rotates_credit_so_every_connection_is_served() -> None:
+    m, wire, clock = make(1, seed=11, redistribute_interval=5.0)
+    keys = [f"n{i}" for i in range(6)]
+    for key in keys:
+        wire.add(key)
+    for _ in range(200):
+        deadline = m.next_deadline()
+        assert deadline is not None
+        clock.jump_to(deadline)
+        wire.tick()
+        for holder in wire.holders():  # holders are busy: rotation must still happen
+            wire.message(holder)
+            wire.finish(holder)
+        assert wire.total == 1
+    assert wire.ever_served == set(keys)
+
+
+@pytest.mark.parametrize(("max_in_flight", "n"), [(1, 2), (2, 3), (2, 7), (5, 9), (1, 12)])
+def test_every_connection_eventually_gets_credit(max_in_flight: int, n: int) -> None:
+    for seed in range(5):
+        m, wire, clock = make(max_in_flight, seed=seed)
+        keys = [f"n{i}" for i in range(n)]
+        for key in keys:
+            wire.add(key)
+        for _ in range(300):
+            deadline = m.next_deadline()
+            assert deadline is not None
+            clock.jump_to(deadline)
+            wire.tick()
+            assert wire.total == max_in_flight
+        assert wire.ever_served == set(keys), (seed, set(keys) - wire.ever_served)
+
+
+def test_redistribution_only_runs_while_credit_is_scarce() -> None:
+    m, wire, clock = make(4)
+    for key in "abc":
+        wire.add(key)
+    assert not m.scarce
+    assert m.next_deadline() is None
+    clock.advance(100.0)
+    assert wire.tick() == []
+
+
+def test_max_in_flight_below_connections_after_set_max_in_flight() -> None:
+    m, wire, clock = make(6)
+    fill(wire, ["a", "b", "c"])
+    assert wire.rdy == {"a": 2, "b": 2, "c": 2}
+    wire.set_max_in_flight(2)
+    assert m.scarce
+    assert wire.total == 2
+    assert all(v <= 1 for v in wire.rdy.values())
+    wire.set_max_in_flight(6)
+    assert not m.scarce
+    assert all(v >= 1 for v in wire.rdy.values())
+    for key in "abc":
+        wire.message(key)
+    assert wire.rdy == {"a": 2, "b": 2, "c": 2}
+
+
+# --------------------------------------------------------------------------- pause / resume
+
+
+def test_pause_and_resume() -> None:
+    m, wire, _ = make(10)
+    fill(wire, ["a", "b"])
+    assert wire.set_max_in_flight(0) == [("a", 0), ("b", 0)]
+    assert wire.total == 0
+    # late messages (sent before nsqd saw RDY 0) do not bring credit back
+    assert wire.message("a") == []
+    wire.finish("a")
+    assert wire.add("c") == []
+    assert wire.total == 0
+    assert m.next_deadline() is None
+    actions = wire.set_max_in_flight(9)
+    assert sorted(actions) == [("a", 3), ("b", 3), ("c", 3)]
+
+
+# --------------------------------------------------------------------------- backoff
+
+
+def backoff_manager(
+    n: int = 2, max_in_flight: int = 10, *, max_duration: float = 60.0, seed: int = 1
+) -> tuple[RDYManager, Wire, FakeClock]:
+    m, wire, clock = make(
+        max_in_flight,
+        backoff=ExponentialBackoff(multiplier=1.0, max_duration=max_duration),
+        seed=seed,
+    )
+    fill(wire, [f"c{i}" for i in range(n)])
+    return m, wire, clock
+
+
+def test_failure_sends_rdy_0_everywhere_and_starts_the_timer() -> None:
+    m, wire, clock = backoff_manager(3, 9)
+    assert wire.rdy == {"c0": 3, "c1": 3, "c2": 3}
+    wire.message("c1")
+    actions = wire.requeue("c1")
+    assert sorted(actions) == [("c0", 0), ("c1", 0), ("c2", 0)]
+    assert m.in_backoff and m.backoff_level == 1
+    assert m.next_deadline() == clock.now + 2.0  # multiplier * 2**1
+    assert m.is_starved() is False
+
+
+def probe_holder(wire: Wire) -> Hashable:
+    (key,) = wire.holders()
+    return key
+
+
+def expire(m: RDYManager, wire: Wire, clock: FakeClock) -> Hashable:
+    """Jump to the backoff deadline, tick, and return the connection that got the probe."""
+    deadline = m.next_deadline()
+    assert deadline is not None and m.backoff_until == deadline
+    clock.jump_to(deadline)
+    actions = wire.tick()
+    assert len(actions) == 1 and actions[0][1] == 1, actions
+    return actions[0][0]
+
+
+@pytest.mark.parametrize(
+    ("failures", "durations"),
+    [
+        (1, [2.0]),
+        (3, [2.0, 4.0, 8.0]),
+        (7, [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]),  # capped at max_backoff_duration
+    ],
+)
+def test_backoff_duration_doubles_per_level_up_to_the_cap(
+    failures: int, durations: list[float]
+) -> None:
+    m, wire, clock = backoff_manager(3, max_duration=60.0)
+    key: Hashable = "c0"
+    seen = []
+    for _ in range(failures):
+        wire.message(key)
+        wire.requeue(key)  # the first message, then every probe, fails
+        assert wire.total == 0
+        deadline = m.next_deadline()
+        assert deadline is not None
+        seen.append(deadline - clock.now)
+        key = expire(m, wire, clock)
+    assert seen == durations
+    assert m.backoff_level <= m.backoff.max_level()  # type: ignore[union-attr]
+
+
+def test_backoff_level_stops_at_the_level_that_reaches_the_cap() -> None:
+    m, wire, clock = backoff_manager(1, 4, max_duration=10.0)
+    for _ in range(10):
+        wire.message("c0")
+        wire.requeue("c0")
+        deadline = m.next_deadline()
+        assert deadline is not None and deadline - clock.now <= 10.0
+        clock.jump_to(deadline)
+        assert wire.tick() == [("c0", 1)]
+    assert m.backoff_level == 4  # 2**4 = 16 >= 10
+
+
+def test_timer_expiry_sends_exactly_one_rdy_1() -> None:
+    for seed in range(10):
+        m, wire, clock = backoff_manager(4, 20, seed=seed)
+        wire.message("c2")
+        wire.requeue("c2")
+        deadline = m.next_deadline()
+        assert deadline is not None
+        clock.now = deadline - 0.001
+        assert wire.tick() == []
+        clock.jump_to(deadline)
+        actions = wire.tick()
+        assert len(actions) == 1
+        assert actions[0][1] == 1
+        assert wire.total == 1
+
+
+def test_results_during_the_timer_are_ignored() -> None:
+    m, wire, clock = backoff_manager(2)
+    for key in ("c0", "c0", "c1"):
+        wire.message(key)
+    wire.requeue("c0")
+    assert m.backoff_level == 1
+    until = m.backoff_until
+    assert wire.requeue("c0") == []
+    assert wire.finish("c1") == []
+    assert m.backoff_level == 1 and m.backoff_until == until
+    assert wire.total == 0
+
+
+def test_success_lowers_the_level_and_level_0_restores_full_rdy() -> None:
+    m, wire, clock = backoff_manager(2, 10)
+    key: Hashable = "c0"
+    for _ in range(3):  # three failures: level 3
+        wire.message(key)
+        wire.requeue(key)
+        key = expire(m, wire, clock)
+    assert m.backoff_level == 3
+    for level in (2, 1):
+        wire.message(key)
+        wire.finish(key)
+        # still backing off: RDY 0 again and a shorter timer, then another single probe
+        assert m.backoff_level == level
+        assert wire.total == 0
+        assert m.next_deadline() == clock.now + 2.0**level
+        key = expire(m, wire, clock)
+    wire.message(key)
+    actions = wire.finish(key)
+    assert m.backoff_level == 0 and not m.in_backoff
+    assert sorted(actions) == [("c0", 5), ("c1", 5)]
+    assert m.next_deadline() is None
+
+
+def test_failed_probe_raises_the_level_again() -> None:
+    m, wire, clock = backoff_manager(1, 10)
+    wire.message("c0")
+    wire.requeue("c0")
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == [("c0", 1)]
+    wire.message("c0")
+    assert wire.requeue("c0") == [("c0", 0)]
+    assert m.backoff_level == 2
+    assert m.next_deadline() == clock.now + 4.0
+
+
+def test_requeue_without_backoff_does_not_count() -> None:
+    m, wire, _ = backoff_manager(2)
+    wire.message("c0")
+    assert wire.requeue("c0", backoff=False) == []
+    assert not m.in_backoff
+    assert wire.total == 10
+
+
+def test_backoff_disabled() -> None:
+    m, wire, clock = make(10, backoff=None)
+    fill(wire, ["a", "b"])
+    for _ in range(5):
+        wire.message("a")
+        assert wire.requeue("a") == []
+    assert not m.in_backoff and m.backoff_level == 0
+    assert m.next_deadline() is None
+    assert wire.rdy == {"a": 5, "b": 5}
+
+
+def test_full_jitter_backoff_deadline_is_within_bounds() -> None:
+    rng = random.Random(5)
+    clock = FakeClock()
+    m = RDYManager(
+        4,
+        backoff=FullJitterBackoff(multiplier=0.5, max_duration=3.0, rng=rng),
+        clock=clock,
+        rng=random.Random(5),
+    )
+    wire = Wire(m)
+    wire.add("a")
+    seen = []
+    for level in range(1, 8):
+        wire.message("a")
+        wire.requeue("a")
+        assert m.backoff_level == min(level, m.backoff.max_level())  # type: ignore[union-attr]
+        deadline = m.next_deadline()
+        assert deadline is not None
+        wait = deadline - clock.now
+        assert 0.0 <= wait <= min(3.0, 0.5 * 2**m.backoff_level)
+        seen.append(wait)
+        clock.jump_to(deadline)
+        assert wire.tick() == [("a", 1)]
+    assert len(set(seen)) > 1  # jittered, not constant
+
+
+def test_backoff_with_no_connection_when_the_timer_expires_probes_the_next_one() -> None:
+    m, wire, clock = backoff_manager(1, 10)
+    wire.message("c0")
+    wire.requeue("c0")
+    wire.remove("c0")
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == []  # nobody to probe
+    assert wire.add("c1") == [("c1", 1)]  # the first connection back tests the water
+    wire.message("c1")
+    wire.finish("c1")
+    assert not m.in_backoff
+    assert wire.rdy == {"c1": 10}
+
+
+def test_probe_moves_away_from_an_idle_connection() -> None:
+    """After the timer, the single RDY 1 may land on an nsqd with no messages; it must move on
+    (go-nsq redistributes in backoff too) or the consumer would stay in backoff forever."""
+    for seed in range(10):
+        m, wire, clock = make(
+            10, backoff=ExponentialBackoff(1.0, 60.0), seed=seed, low_rdy_idle_timeout=2.0
+        )
+        fill(wire, ["a", "b", "c"])
+        wire.message("a")
+        wire.requeue("a")
+        clock.jump_to(m.next_deadline())
+        wire.tick()
+        served = set(wire.holders())
+        for _ in range(20):
+            deadline = m.next_deadline()
+            assert deadline is not None
+            clock.jump_to(deadline)
+            wire.tick()
+            assert wire.total == 1
+            served |= wire.holders()
+        assert served == {"a", "b", "c"}, seed
+
+
+def test_pause_during_backoff_does_not_probe_and_resume_does() -> None:
+    m, wire, clock = backoff_manager(2, 10)
+    wire.message("c0")
+    wire.requeue("c0")
+    wire.set_max_in_flight(0)
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == []  # paused: the probe waits
+    actions = wire.set_max_in_flight(4)
+    assert len(actions) == 1 and actions[0][1] == 1
+    ((key, _),) = actions
+    wire.message(key)
+    actions = wire.finish(key)
+    assert not m.in_backoff
+    assert wire.rdy == {"c0": 2, "c1": 2}
+
+
+# --------------------------------------------------------------------------- is_starved
+
+
+@pytest.mark.parametrize(
+    ("rdy", "in_flight", "starved"),
+    [
+        (10, 0, False),
+        (10, 8, False),
+        (10, 9, True),  # 9 >= 8.5
+        (10, 10, True),
+        (1, 1, True),
+        (20, 17, True),  # exactly 85 %
+        (20, 16, False),
+        (100, 84, False),
+        (100, 85, True),
+    ],
+)
+def test_is_starved_at_85_percent(rdy: int, in_flight: int, starved: bool) -> None:
+    assert STARVED_RATIO == 0.85
+    m, wire, _ = make(rdy)
+    wire.add("a")
+    wire.message("a")
+    assert wire.rdy["a"] == rdy
+    for _ in range(in_flight - 1):
+        wire.message("a")
+    if in_flight == 0:
+        wire.finish("a")
+    assert m.is_starved() is starved
+
+
+def test_is_starved_needs_only_one_starved_connection() -> None:
+    m, wire, _ = make(20)
+    fill(wire, ["a", "b"])
+    for _ in range(9):
+        wire.message("a")
+    assert m.is_starved()
+    wire.finish("a")
+    assert not m.is_starved()
+
+
+# --------------------------------------------------------------------------- stateful property
+
+
+KEYS = [f"n{i}" for i in range(6)]
+
+
+class RDYMachine(RuleBasedStateMachine):
+    """Random add/remove/message/finish/requeue/tick/set_max_in_flight with a fake clock."""
+
+    @initialize(
+        max_in_flight=st.integers(0, 12),
+        use_backoff=st.booleans(),
+        jitter=st.booleans(),
+        seed=st.integers(0, 2**16),
+        idle=st.sampled_from([0.5, 2.0, 10.0]),
+        interval=st.sampled_from([0.5, 5.0]),
+    )
+    def setup(
+        self,
+        max_in_flight: int,
+        use_backoff: bool,
+        jitter: bool,
+        seed: int,
+        idle: float,
+        interval: float,
+    ) -> None:
+        backoff: ExponentialBackoff | None = None
+        if use_backoff:
+            backoff = (
+                FullJitterBackoff(0.5, 8.0, random.Random(seed))
+                if jitter
+                else ExponentialBackoff(0.5, 8.0)
+            )
+        self.clock = FakeClock()
+        self.m = RDYManager(
+            max_in_flight,
+            backoff=backoff,
+            low_rdy_idle_timeout=idle,
+            redistribute_interval=interval,
+            clock=self.clock,
+            rng=random.Random(seed),
+        )
+        self.wire = Wire(self.m)
+
+    @rule(key=st.sampled_from(KEYS), max_rdy=st.sampled_from([1, 2, 3, 2500]))
+    def add(self, key: str, max_rdy: int) -> None:
+        if key in self.wire.rdy:
+            self.wire.remove(key)
+        self.wire.add(key, max_rdy)
+
+    @rule(key=st.sampled_from(KEYS))
+    def remove(self, key: str) -> None:
+        self.wire.remove(key)
+
+    @rule(key=st.sampled_from(KEYS))
+    def message(self, key: str) -> None:
+        # Messages also arrive on connections at RDY 0 (sent before nsqd saw the RDY 0).
+        if key in self.wire.rdy:
+            self.wire.message(key)
+
+    @rule(key=st.sampled_from(KEYS))
+    def finish(self, key: str) -> None:
+        self.wire.finish(key)
+
+    @rule(key=st.sampled_from(KEYS), backoff=st.booleans())
+    def requeue(self, key: str, backoff: bool) -> None:
+        self.wire.requeue(key, backoff)
+
+    @rule(seconds=st.sampled_from([0.0, 0.1, 1.0, 3.0, 20.0]))
+    def tick(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.wire.tick()
+
+    @precondition(lambda self: self.m.next_deadline() is not None)
+    @rule()
+    def tick_at_deadline(self) -> None:
+        deadline = self.m.next_deadline()
+        assert deadline is not None
+        self.clock.jump_to(deadline)
+        self.wire.tick()
+
+    @rule(n=st.integers(0, 12))
+    def set_max_in_flight(self, n: int) -> None:
+        self.wire.set_max_in_flight(n)
+
+    @invariant()
+    def credit_is_bounded(self) -> None:
+        if not hasattr(self, "wire"):
+            return
+        m, wire = self.m, self.wire
+        assert 0 <= wire.total <= m.max_in_flight
+        for key, count in wire.rdy.items():
+            assert 0 <= count <= wire.max_rdy[key]
+        if m.in_backoff:
+            assert wire.total <= 1
+            if m.backoff_until is not None:
+                assert wire.total == 0
+
+    @invariant()
+    def credit_is_not_stranded(self) -> None:
+        """Liveness: outside backoff, credit that can be used is in use."""
+        if not hasattr(self, "wire"):
+            return
+        m, wire = self.m, self.wire
+        if m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
+            return
+        if m.scarce:
+            assert wire.total == m.max_in_flight
+            assert m.next_deadline() is not None
+        else:
+            assert all(v >= 1 for v in wire.rdy.values()), wire.rdy
+
+    @invariant()
+    def backoff_can_always_end(self) -> None:
+        """In backoff there is always a way out: a timer, or a probe out (or to come)."""
+        if not hasattr(self, "wire"):
+            return
+        m, wire = self.m, self.wire
+        if not m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
+            return
+        assert m.backoff_until is not None or wire.total == 1
+
+
+TestRDYMachine = RDYMachine.TestCase
+TestRDYMachine.settings = settings(
+    max_examples=300,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

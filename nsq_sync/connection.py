@@ -15,7 +15,6 @@ import collections
 import json
 import logging
 import socket
-import threading
 import time
 from typing import Any, Protocol
 
@@ -148,7 +147,6 @@ class NsqdConnection:
         # Bookkeeping for the consumer, updated under the consumer's lock.
         self.in_flight = 0  # delivered, not yet FIN/REQ
         self.messages_received = 0
-        self.stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<NsqdConnection {self.address}{' closed' if self.closed else ''}>"
@@ -299,9 +297,6 @@ class NsqdConnection:
             while True:
                 for event in decoder.events():
                     if type(event) is MessageFrame:
-                        with self.stats_lock:  # TEMP until the consumer counts these itself
-                            self.in_flight += 1
-                            self.messages_received += 1
                         if handler is not None:
                             handler.on_message(self, event)
                     elif type(event) is Heartbeat:

@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import ConnectionManager
 from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
 from nsq_sync.errors import ConfigError, NSQConnectionError, ServerError, Stopped
+from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame
@@ -175,6 +176,7 @@ class Consumer:
             log=self.log,
         )
         self._rdy_wakeup = self.runtime.event()
+        self._flusher = Flusher(self.runtime, self.log)
         self._stopped_event = self.runtime.event()
         self._started = False
         self._stopping = False
@@ -196,6 +198,7 @@ class Consumer:
         self._started = True
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
+        self._flusher.start(name)
         self._rdy_task = self.runtime.spawn(self._rdy_loop, name=f"nsq_sync-rdy-{name}")
         self._discovery.start(name)
 
@@ -264,6 +267,7 @@ class Consumer:
                 self._total_in_flight(),
             )
         self._pool.stop(max(0.1, deadline - time.monotonic()))
+        self._flusher.stop()
         for conn in conns:
             conn.close()
             conn.join(max(0.1, deadline - time.monotonic()))
@@ -421,6 +425,8 @@ class Consumer:
             frame.id, frame.body, frame.timestamp, frame.attempts, self, conn.address, conn
         )
         with self._lock:
+            conn.in_flight += 1
+            conn.messages_received += 1
             self._counts["received"] += 1
             if self._stopping or conn.address in self._retiring:
                 stale = True
@@ -474,44 +480,62 @@ class Consumer:
 
     def finish(self, message: Message) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
-        with self._lock:
-            # RDY changes go out before the FIN/REQ, as in go-nsq: a result that starts a
-            # backoff window sends RDY 0 first, or nsqd would deliver the next message in the
-            # gap between the FIN/REQ (which frees a slot) and the RDY 0. A message from a
-            # connection that was replaced since counts for backoff but not for the new one.
-            key = conn.address if self._conns.get(conn.address) is conn else None
-            self._apply_and_wake(lambda: self._rdy.on_finish(key))
-        self._respond(conn, commands.fin(message.id), "finished")
-        self._after_response(conn)
+        self._answer(
+            conn, commands.fin(message.id), "finished", lambda key: self._rdy.on_finish(key)
+        )
 
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
         if delay is None:
             delay = self._requeue_delay(message)
         delay = min(delay, self.config.max_requeue_delay)
-        with self._lock:
-            key = conn.address if self._conns.get(conn.address) is conn else None
-            counts = backoff and not self._stopping
-            self._apply_and_wake(lambda: self._rdy.on_requeue(key, backoff=counts))
-        self._respond(conn, commands.req(message.id, delay), "requeued")
-        self._after_response(conn)
+        counts = backoff and not self._stopping
+        self._answer(
+            conn,
+            commands.req(message.id, delay),
+            "requeued",
+            lambda key: self._rdy.on_requeue(key, backoff=counts),
+        )
 
     def touch(self, message: Message) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
         self._send(conn, commands.touch(message.id))
 
-    def _respond(self, conn: NsqdConnection, data: bytes, what: str) -> None:
-        with conn.stats_lock:
+    def _answer(
+        self, conn: NsqdConnection, data: bytes, what: str, rdy_event: Callable[[Any], Any]
+    ) -> None:
+        """FIN or REQ ``conn``'s message: bookkeeping and RDY under one lock, then the command.
+
+        RDY changes go out before the FIN/REQ, as in go-nsq: a result that starts a backoff
+        window sends RDY 0 first, or nsqd would deliver the next message in the gap between the
+        FIN/REQ (which frees a slot) and the RDY 0. A message from a connection that was replaced
+        since counts for backoff but not for the new connection.
+
+        The command itself only joins the connection's write buffer; the flusher task writes
+        buffered answers in batches (one system call for many messages under load).
+        """
+        with self._lock:
+            key = conn.address if self._conns.get(conn.address) is conn else None
+            self._apply_and_wake(lambda: rdy_event(key))
             if conn.in_flight > 0:
                 conn.in_flight -= 1
-        if not self._send(conn, data):
+            self._counts[what] += 1
+            retired = (
+                conn.address in self._retiring
+                and conn in self._close_waited
+                and conn.in_flight == 0
+            )
+        try:
+            if conn.send_deferred(data):
+                self._flusher.schedule(conn)
+        except NSQConnectionError:
             self.log.warning(
                 "could not tell nsqd %s the message was %s (connection lost); nsqd will redeliver it",
                 conn.address,
                 what,
             )
-        with self._lock:
-            self._counts[what] += 1
+        if retired:
+            conn.close()  # writes what is buffered first
 
     def _after_response(self, conn: NsqdConnection) -> None:
         """Close a retiring connection once nsqd said CLOSE_WAIT and nothing is in flight."""

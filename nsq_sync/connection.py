@@ -46,7 +46,7 @@ class ConnectionHandler(Protocol):
     """Receives what the reader task does not handle itself. Methods run on the reader task and
     must return quickly (queue work; never block, never run user code)."""
 
-    def on_message(self, conn: NsqdConnection, message: MessageFrame) -> None: ...
+    def on_messages(self, conn: NsqdConnection, messages: list[MessageFrame]) -> None: ...
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None: ...
 
@@ -295,16 +295,25 @@ class NsqdConnection:
         handler = self.handler
         try:
             while True:
+                # Messages go to the handler in batches (one per read): one lock round trip
+                # in the consumer for many messages. Order relative to other frames is kept.
+                batch: list[MessageFrame] = []
                 for event in decoder.events():
                     if type(event) is MessageFrame:
+                        batch.append(event)
+                        continue
+                    if batch:
                         if handler is not None:
-                            handler.on_message(self, event)
-                    elif type(event) is Heartbeat:
+                            handler.on_messages(self, batch)
+                        batch = []
+                    if type(event) is Heartbeat:
                         transport.send(commands.NOP)
                     elif type(event) is Response:
                         self._on_response(event.data)
                     else:
                         self._on_error(self._server_error(event))  # type: ignore[arg-type]
+                if batch and handler is not None:
+                    handler.on_messages(self, batch)
                 data = transport.recv()
                 if not data:
                     if not self._closing:

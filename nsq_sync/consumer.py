@@ -420,23 +420,30 @@ class Consumer:
 
     # ------------------------------------------------------------------ ConnectionHandler (reader tasks)
 
-    def on_message(self, conn: NsqdConnection, frame: MessageFrame) -> None:
-        message = Message(
-            frame.id, frame.body, frame.timestamp, frame.attempts, self, conn.address, conn
-        )
+    def on_messages(self, conn: NsqdConnection, frames: list[MessageFrame]) -> None:
+        address = conn.address
+        messages = [
+            Message(f.id, f.body, f.timestamp, f.attempts, self, address, conn) for f in frames
+        ]
+        n = len(messages)
         with self._lock:
-            conn.in_flight += 1
-            conn.messages_received += 1
-            self._counts["received"] += 1
-            if self._stopping or conn.address in self._retiring:
-                stale = True
-            else:
-                stale = False
-                self._apply(self._rdy.on_message(conn.address))
+            conn.in_flight += n
+            conn.messages_received += n
+            self._counts["received"] += n
+            stale = self._stopping or address in self._retiring
+            if not stale:
+                on_message = self._rdy.on_message
+                for _ in range(n):
+                    actions = on_message(address)
+                    if actions:
+                        self._apply(actions)
         if stale:
-            message.requeue(0.0, backoff=False)
+            for message in messages:
+                message.requeue(0.0, backoff=False)
         else:
-            self._pool.submit(message)
+            submit = self._pool.submit
+            for message in messages:
+                submit(message)
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
         if error.fatal:

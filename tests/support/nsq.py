@@ -82,9 +82,9 @@ class Collector:
         self.responses: list[bytes] = []
         self.closed: list[BaseException | None] = []
 
-    def on_message(self, conn: NsqdConnection, message: MessageFrame) -> None:
+    def on_messages(self, conn: NsqdConnection, messages: list[MessageFrame]) -> None:
         with self._lock:
-            self.messages.append(message)
+            self.messages.extend(messages)
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
         with self._lock:

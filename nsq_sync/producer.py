@@ -111,8 +111,6 @@ class Producer:
         self._current = 0
         self._active = 0
         self._active_lock = self.runtime.lock()
-        self._idle = self.runtime.event()
-        self._idle.set()
 
     # ------------------------------------------------------------------ public API
 
@@ -179,7 +177,11 @@ class Producer:
         connections. Idempotent, thread-safe."""
         self._closed = True
         if os.getpid() == self._pid:
-            self._idle.wait(timeout)
+            # Publishes in progress: poll briefly (only at close; a per-publish Event would cost
+            # every publish a Condition round trip).
+            deadline = time.monotonic() + timeout
+            while self._active and time.monotonic() < deadline:
+                self.runtime.sleep(0.005)
             for slot in self._slots:
                 # Take the connection first: another thread may be closing the producer too.
                 conn, slot.conn = slot.conn, None
@@ -212,7 +214,6 @@ class Producer:
             self._after_fork()
         with self._active_lock:
             self._active += 1
-            self._idle.clear()
         try:
             self._publish_with_failover(
                 data, self.config.publish_timeout if timeout is None else timeout
@@ -220,8 +221,6 @@ class Producer:
         finally:
             with self._active_lock:
                 self._active -= 1
-                if self._active == 0:
-                    self._idle.set()
 
     def _publish_with_failover(self, data: bytes, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -84,6 +84,7 @@ class Transport:
             raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(read_timeout)
+        self._rtimeout = read_timeout
         self._rsock: Any = sock
         self._wsock: Any = sock.dup()
         self._wsock.settimeout(write_timeout)
@@ -160,7 +161,12 @@ class Transport:
             data, self._pending_plain = self._pending_plain, b""
             return data
         if timeout is not None:
-            self._rsock.settimeout(max(timeout, 0.0001))
+            # settimeout() is a system call: skip it while the current value is within a factor
+            # of two of the one asked for (a publish deadline may overshoot by at most that).
+            current = self._rtimeout
+            if not timeout * 0.5 <= current <= timeout * 2:
+                self._rtimeout = current = max(timeout, 0.0001)
+                self._rsock.settimeout(current)
         while True:
             raw = self._recv_raw()
             if not raw:

@@ -25,7 +25,15 @@ from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import ConnectionManager
 from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
-from nsq_sync.errors import ConfigError, NSQConnectionError, ServerError, Stopped
+from nsq_sync.errors import (
+    AuthError,
+    ConfigError,
+    NSQConnectionError,
+    ProtocolError,
+    ServerError,
+    Stopped,
+    TLSError,
+)
 from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.protocol import commands
@@ -177,6 +185,7 @@ class Consumer:
         )
         self._rdy_wakeup = self.runtime.event()
         self._flusher = Flusher(self.runtime, self.log)
+        self._connected = self.runtime.event()
         self._stopped_event = self.runtime.event()
         self._started = False
         self._stopping = False
@@ -328,6 +337,15 @@ class Consumer:
                 **self._counts,
             )
 
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Block until at least one nsqd connection is subscribed (cron jobs and tests use
+        this before counting on consumption). Thread-safe.
+
+        Returns:
+            True when connected, False when ``timeout`` seconds passed first.
+        """
+        return bool(self._connected.wait(timeout))
+
     @property
     def connections(self) -> list[str]:
         with self._lock:
@@ -347,8 +365,22 @@ class Consumer:
         try:
             conn.connect()
             conn.subscribe(self.topic, self.channel)
-        except Exception as exc:
-            self.log.warning("cannot connect to nsqd %s: %s", address, exc)
+        except (NSQConnectionError, ServerError, ProtocolError) as exc:
+            permanent = _is_configuration_error(exc)
+            if permanent:
+                self.log.error(
+                    "cannot subscribe on nsqd %s: %s; this looks like a configuration error, "
+                    "retrying in %.0f s",
+                    address,
+                    exc,
+                    self.config.reconnect_backoff_max,
+                )
+            else:
+                self.log.warning("cannot connect to nsqd %s: %s", address, exc)
+            self._discovery.connect_failed(address, permanent)
+            return
+        except Exception:
+            self.log.exception("connecting to nsqd %s failed", address)
             self._discovery.connect_failed(address)
             return
         with self._lock:
@@ -359,6 +391,7 @@ class Consumer:
             self._retiring.discard(address)
             conn.start_reader()
             self._apply(self._rdy.add(address, conn.max_rdy_count))
+            self._connected.set()
         self._discovery.connect_succeeded(address)
         self._rdy_wakeup.set()
         self.log.info("connected to nsqd %s (max_rdy_count %d)", address, conn.max_rdy_count)
@@ -467,6 +500,8 @@ class Consumer:
                 self._apply(self._rdy.remove(conn.address))
             retiring = conn.address in self._retiring
             self._retiring.discard(conn.address)
+            if not self._conns:
+                self._connected.clear()
             if not self._stopping:
                 self._close_waited.discard(conn)
         if conn.in_flight:
@@ -569,3 +604,11 @@ class Consumer:
     def _on_gave_up(self, message: Message) -> None:
         with self._lock:
             self._counts["gave_up"] += 1
+
+
+def _is_configuration_error(error: BaseException) -> bool:
+    """Errors a reconnect would only repeat: TLS/AUTH setup, garbage (an HTTP port), or nsqd
+    rejecting IDENTIFY/SUB/AUTH for reasons other than a transient failure."""
+    if isinstance(error, (TLSError, AuthError, ProtocolError)):
+        return True
+    return isinstance(error, ServerError) and not error.retriable

@@ -92,9 +92,15 @@ class ConnectionManager:
         self.failures[address] = 0
         self.retry_at.pop(address, None)
 
-    def connect_failed(self, address: str) -> None:
+    def connect_failed(self, address: str, permanent: bool = False) -> None:
+        """A dial or handshake failed. ``permanent`` (a configuration error that a retry would
+        repeat: TLS, AUTH, an option nsqd rejects, an HTTP port) waits ``reconnect_max``."""
         self.connecting.discard(address)
-        self._schedule_retry(address)
+        if permanent:
+            self.failures[address] = self.failures.get(address, 0) + 1
+            self.retry_at[address] = time.monotonic() + self.reconnect_max
+        else:
+            self._schedule_retry(address)
         self._wakeup.set()
 
     def connection_lost(self, address: str) -> None:

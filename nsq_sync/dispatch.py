@@ -18,6 +18,7 @@ Nothing is discarded silently: every message is finished, requeued, or given up 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -121,8 +122,16 @@ class WorkerPool:
                 return
             try:
                 self._process(item)
-            except BaseException:  # never let a worker die silently
+            except Exception:  # never let a worker die silently
                 self.log.exception("worker failed while processing %r", item)
+            except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker
+                self.log.error(
+                    "worker stopped by %r while processing %r",
+                    sys.exc_info()[1],
+                    item,
+                    exc_info=True,
+                )
+                return
 
     def _process(self, message: Message) -> None:
         if self.is_stale(message):
@@ -159,6 +168,12 @@ class WorkerPool:
                 )
                 message.requeue()
             return
+        except BaseException:
+            # SystemExit, KeyboardInterrupt, GreenletExit: this worker ends, but the message
+            # must not be left in flight until nsqd's timeout.
+            if not message.has_responded:
+                message.requeue(0.0, backoff=False)
+            raise
         finally:
             with self._lock:
                 self.running -= 1

@@ -9,6 +9,7 @@ follows the monkey patching, and the helpers here only use patched primitives.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import signal
 import subprocess
@@ -670,3 +671,27 @@ def test_run_stops_gracefully_on_sigterm(nsqd: NsqdProcess, topic: str, tmp_path
 
     stats = wait_for(settled, "0 in flight on nsqd after the subprocess exited", timeout=5.0)
     assert finished + stats["depth"] == published
+
+
+def test_wait_connected_and_configuration_errors_are_logged_as_errors(
+    nsqd: NsqdProcess, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nsqd flags: none (shared). A consumer pointed at nsqd's HTTP port cannot connect: it
+    says so at ERROR (a configuration error, retried slowly), and wait_connected() times out;
+    pointed at the TCP port, wait_connected() returns True."""
+    wrong = Consumer(topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.http_address])
+    caplog.set_level(logging.ERROR, logger="nsq_sync")
+    wrong.start()
+    try:
+        assert not wrong.wait_connected(timeout=1.0)
+        assert any("configuration error" in r.getMessage() for r in caplog.records)
+        assert any("HTTP" in r.getMessage() for r in caplog.records)
+    finally:
+        wrong.stop(5.0)
+    right = Consumer(topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.tcp_address])
+    right.start()
+    try:
+        assert right.wait_connected(timeout=10.0)
+        assert right.connections == [nsqd.tcp_address]
+    finally:
+        right.stop(5.0)

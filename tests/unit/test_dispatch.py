@@ -328,3 +328,21 @@ def test_drain_returns_queued_messages_that_did_not_start() -> None:
     assert h.pool.drain() == messages
     assert h.pool.drain() == []
     assert h.run() == []
+
+
+def test_handler_ending_its_worker_still_requeues_the_message() -> None:
+    """SystemExit (threads) or GreenletExit (gevent) from a handler ends that worker, but the
+    message is requeued at once instead of staying in flight until nsqd's timeout."""
+    if resolve_runtime("auto").name == "gevent":
+        from gevent import GreenletExit
+
+        exit_exc: BaseException = GreenletExit()
+    else:
+        exit_exc = SystemExit(0)
+
+    def handler(message: Message) -> None:
+        raise exit_exc
+
+    h = Harness(handler, concurrency=2)
+    m = h.message()
+    assert h.run(m) == [("requeue", m.id, 0.0, False)]

@@ -298,22 +298,25 @@ class NsqdConnection:
                 # Messages go to the handler in batches (one per read): one lock round trip
                 # in the consumer for many messages. Order relative to other frames is kept.
                 batch: list[MessageFrame] = []
-                for event in decoder.events():
-                    if type(event) is MessageFrame:
-                        batch.append(event)
-                        continue
-                    if batch:
-                        if handler is not None:
-                            handler.on_messages(self, batch)
-                        batch = []
-                    if type(event) is Heartbeat:
-                        transport.send(commands.NOP)
-                    elif type(event) is Response:
-                        self._on_response(event.data)
-                    else:
-                        self._on_error(self._server_error(event))  # type: ignore[arg-type]
-                if batch and handler is not None:
-                    handler.on_messages(self, batch)
+                try:
+                    for event in decoder.events():
+                        if type(event) is MessageFrame:
+                            batch.append(event)
+                            continue
+                        if batch:
+                            ready, batch = batch, []
+                            if handler is not None:
+                                handler.on_messages(self, ready)
+                        if type(event) is Heartbeat:
+                            transport.send(commands.NOP)
+                        elif type(event) is Response:
+                            self._on_response(event.data)
+                        else:
+                            self._on_error(self._server_error(event))  # type: ignore[arg-type]
+                finally:
+                    # also when the decoder hits garbage: the messages before it are good
+                    if batch and handler is not None:
+                        handler.on_messages(self, batch)
                 data = transport.recv()
                 if not data:
                     if not self._closing:

@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,16 +119,8 @@ class Consumer:
             raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        direct = (
-            [nsqd_tcp_addresses]
-            if isinstance(nsqd_tcp_addresses, str)
-            else list(nsqd_tcp_addresses)
-        )
-        lookupds = (
-            [lookupd_http_addresses]
-            if isinstance(lookupd_http_addresses, str)
-            else list(lookupd_http_addresses)
-        )
+        direct = _address_list("nsqd_tcp_addresses", nsqd_tcp_addresses)
+        lookupds = _address_list("lookupd_http_addresses", lookupd_http_addresses)
         if not direct and not lookupds:
             raise ConfigError("Consumer needs nsqd_tcp_addresses and/or lookupd_http_addresses")
         for address in direct:
@@ -604,6 +596,16 @@ class Consumer:
     def _on_gave_up(self, message: Message) -> None:
         with self._lock:
             self._counts["gave_up"] += 1
+
+
+def _address_list(name: str, value: object) -> list[Any]:
+    """One address or a list of them; anything else (a bare port number, bytes) is a
+    ConfigError naming the option, as in Producer, rather than a TypeError from list()."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
+    return list(value)
 
 
 def _is_configuration_error(error: BaseException) -> bool:

@@ -35,12 +35,14 @@ from nsq_sync.errors import (
     NSQConnectionError,
     ProtocolError,
     PublishError,
+    RemoteProtocolError,
     ServerError,
     Stopped,
     TLSError,
 )
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.commands import Body
+from nsq_sync.protocol.constants import OK
 from nsq_sync.runtime import Runtime, resolve_runtime
 from nsq_sync.transport import parse_address
 
@@ -235,7 +237,13 @@ class Producer:
                 conn: NsqdConnection | None = None
                 try:
                     conn = self._connection(slot)
-                    conn.request(data, max(0.001, deadline - time.monotonic()))
+                    answer = conn.request(data, max(0.001, deadline - time.monotonic()))
+                    if answer != OK:
+                        # nsqd answers a publish with OK or an error frame: anything else means
+                        # the stream is out of step with our requests (the outcome is unknown).
+                        raise RemoteProtocolError(
+                            f"nsqd answered a publish with {answer[:100]!r} instead of OK"
+                        )
                 except ServerError as exc:
                     if not exc.retriable:
                         raise

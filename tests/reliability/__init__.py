@@ -1,0 +1,1 @@
+"""Reliability suite (issue 6): faults, soak, fuzzing and bad input against real nsqd."""

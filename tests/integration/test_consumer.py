@@ -8,7 +8,6 @@ follows the monkey patching, and the helpers here only use patched primitives.
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
 import signal
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from support.nsq import bounded
+from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess
@@ -40,26 +41,14 @@ CHANNEL = "ch"
 
 @pytest.fixture(autouse=True)
 def watchdog() -> Iterator[None]:
-    """Bound every test: dump all stacks and exit if one runs longer than WATCHDOG seconds."""
-    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    """Bound every test (see support.nsq.bounded)."""
+    yield from bounded(WATCHDOG)
 
 
 def wait_for(
     predicate: Callable[[], T], what: str, timeout: float = TIMEOUT, interval: float = 0.01
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    return _wait_for(predicate, what, timeout, interval)
 
 
 class Recorder:

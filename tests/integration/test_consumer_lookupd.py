@@ -6,7 +6,6 @@ threads and under gevent (``python tests/run_gevent.py``).
 
 from __future__ import annotations
 
-import faulthandler
 import threading
 import time
 from collections import Counter
@@ -14,6 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from support.nsq import bounded
+from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
@@ -30,24 +31,14 @@ FAST_DISCOVERY = {"lookupd_poll_interval": 0.5, "lookupd_poll_jitter": 0.2}
 
 @pytest.fixture(autouse=True)
 def watchdog() -> Iterator[None]:
-    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    """Bound every test (see support.nsq.bounded)."""
+    yield from bounded(WATCHDOG)
 
 
 def wait_for(
     predicate: Callable[[], T], what: str, timeout: float = TIMEOUT, interval: float = 0.01
 ) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    return _wait_for(predicate, what, timeout, interval)
 
 
 class Recorder:

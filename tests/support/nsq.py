@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from nsq_sync.connection import NsqdConnection
@@ -39,6 +40,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def bounded(seconds: float) -> Iterator[None]:
+    """Generator for an autouse fixture: dump every stack and exit if a test runs longer than
+    ``seconds`` (a hung test must not hang CI)."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def free_closed_port() -> int:

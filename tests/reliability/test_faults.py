@@ -40,7 +40,8 @@ from .helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+# slow: fault injection takes about a minute per runtime; CI runs it on 3.11 (threads and gevent)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 Consumers = Callable[..., Consumer]
 

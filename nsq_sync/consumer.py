@@ -554,11 +554,7 @@ class Consumer:
             if conn.in_flight > 0:
                 conn.in_flight -= 1
             self._counts[what] += 1
-            retired = (
-                conn.address in self._retiring
-                and conn in self._close_waited
-                and conn.in_flight == 0
-            )
+            retired = self._drained(conn)
         try:
             if conn.send_deferred(data):
                 self._flusher.schedule(conn)
@@ -574,13 +570,14 @@ class Consumer:
     def _after_response(self, conn: NsqdConnection) -> None:
         """Close a retiring connection once nsqd said CLOSE_WAIT and nothing is in flight."""
         with self._lock:
-            done = (
-                conn.address in self._retiring
-                and conn in self._close_waited
-                and conn.in_flight == 0
-            )
+            done = self._drained(conn)
         if done:
             conn.close()
+
+    def _drained(self, conn: NsqdConnection) -> bool:
+        """A retiring connection nsqd said CLOSE_WAIT on, with nothing in flight (caller holds
+        ``_lock``): it can close."""
+        return conn.address in self._retiring and conn in self._close_waited and conn.in_flight == 0
 
     # ------------------------------------------------------------------ WorkerPool hooks
 

@@ -8,6 +8,7 @@ follows the monkey patching, and the helpers here only use patched primitives.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -45,10 +46,8 @@ def watchdog() -> Iterator[None]:
     yield from bounded(WATCHDOG)
 
 
-def wait_for(
-    predicate: Callable[[], T], what: str, timeout: float = TIMEOUT, interval: float = 0.01
-) -> T:
-    return _wait_for(predicate, what, timeout, interval)
+# support.nsq.wait_for with this module's longer default timeout and finer polling
+wait_for = functools.partial(_wait_for, timeout=TIMEOUT, interval=0.01)
 
 
 class Recorder:

@@ -362,9 +362,8 @@ def test_given_session_is_used_and_left_open(nsqd: NsqdProcess) -> None:
         assert session.get(f"{nsqd.http_url}/ping", timeout=5).text == "OK"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_usable_after_fork(client: NsqdHTTPClient, topic: str) -> None:
-    if not hasattr(os, "fork"):
-        pytest.skip("needs os.fork")
     client.pub(topic, b"parent")  # leaves a pooled keep-alive connection behind
     with warnings.catch_warnings():
         # Python 3.12+ warns about fork() in a process with threads; the child only does HTTP.

@@ -299,7 +299,10 @@ class NsqdConnection:
                 # in the consumer for many messages. Order relative to other frames is kept.
                 batch: list[MessageFrame] = []
                 try:
-                    for event in decoder.events():
+                    while True:
+                        event = decoder.next_messages(batch)
+                        if event is NEED_DATA or event is EOF:
+                            break
                         if type(event) is MessageFrame:
                             batch.append(event)
                             continue

@@ -24,7 +24,7 @@ from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import ConnectionManager
-from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
+from nsq_sync.dispatch import FIN_HOLD, GiveUpHandler, Handler, WorkerPool
 from nsq_sync.errors import (
     AuthError,
     ConfigError,
@@ -150,6 +150,7 @@ class Consumer:
         self._retiring: set[str] = set()
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
+        self._flusher = Flusher(self.runtime, self.log, hold=FIN_HOLD)
         self._pool = WorkerPool(
             self.runtime,
             handler,
@@ -160,6 +161,8 @@ class Consumer:
             is_stale=self._is_stale,
             on_skip=self._on_skip,
             on_gave_up=self._on_gave_up,
+            finish_many=self._finish_many,
+            on_pending=self._flusher.watch,
         )
         self._discovery = ConnectionManager(
             topic=self.topic,
@@ -176,7 +179,6 @@ class Consumer:
             log=self.log,
         )
         self._rdy_wakeup = self.runtime.event()
-        self._flusher = Flusher(self.runtime, self.log)
         self._connected = self.runtime.event()
         self._stopped_event = self.runtime.event()
         self._started = False
@@ -199,7 +201,7 @@ class Consumer:
         self._started = True
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
-        self._flusher.start(name)
+        self._flusher.start(name, self._pool)
         self._rdy_task = self.runtime.spawn(self._rdy_loop, name=f"nsq_sync-rdy-{name}")
         self._discovery.start(name)
 
@@ -448,7 +450,8 @@ class Consumer:
     def on_messages(self, conn: NsqdConnection, frames: list[MessageFrame]) -> None:
         address = conn.address
         messages = [
-            Message(f.id, f.body, f.timestamp, f.attempts, self, address, conn) for f in frames
+            Message(msg_id, body, timestamp, attempts, self, address, conn)
+            for msg_id, timestamp, attempts, body in frames
         ]
         n = len(messages)
         with self._lock:
@@ -457,18 +460,14 @@ class Consumer:
             self._counts["received"] += n
             stale = self._stopping or address in self._retiring
             if not stale:
-                on_message = self._rdy.on_message
-                for _ in range(n):
-                    actions = on_message(address)
-                    if actions:
-                        self._apply(actions)
+                actions = self._rdy.on_messages(address, n)
+                if actions:
+                    self._apply(actions)
         if stale:
             for message in messages:
                 message.requeue(0.0, backoff=False)
         else:
-            submit = self._pool.submit
-            for message in messages:
-                submit(message)
+            self._pool.submit_many(messages)
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
         if error.fatal:
@@ -517,6 +516,49 @@ class Consumer:
         self._answer(
             conn, commands.fin(message.id), "finished", lambda key: self._rdy.on_finish(key)
         )
+
+    def _finish_many(self, messages: list[Message]) -> None:
+        """FIN messages a worker handled (already marked answered), one write per connection.
+
+        Outside backoff a FIN changes only counts, so a batch is counted under one lock and its
+        commands go out in one system call, written by the worker itself (no hand-off to the
+        flusher). In backoff every FIN is a step for the RDY manager: one by one, as
+        :meth:`finish`.
+        """
+        by_conn: dict[NsqdConnection, list[Message]] = {}
+        for message in messages:
+            conn: NsqdConnection = message._conn  # type: ignore[assignment]
+            group = by_conn.get(conn)
+            if group is None:
+                by_conn[conn] = [message]
+            else:
+                group.append(message)
+        for conn, group in by_conn.items():
+            n = len(group)
+            with self._lock:
+                key = conn.address if self._conns.get(conn.address) is conn else None
+                quiet = self._rdy.finish_quietly(key, n)
+                if quiet:
+                    conn.in_flight = max(0, conn.in_flight - n)
+                    self._counts["finished"] += n
+                    retired = self._drained(conn)
+            if not quiet:
+                for message in group:
+                    self.finish(message)
+                continue
+            try:
+                # ids came from nsqd's own frames: always 16 bytes (commands.fin would check)
+                conn.send_deferred(b"".join([b"FIN %s\n" % message.id for message in group]))
+                conn.flush()
+            except NSQConnectionError:
+                self.log.warning(
+                    "could not tell nsqd %s that %d message(s) were finished (connection lost); "
+                    "nsqd will redeliver them",
+                    conn.address,
+                    n,
+                )
+            if retired:
+                conn.close()
 
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]

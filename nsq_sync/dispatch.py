@@ -1,7 +1,10 @@
 """The dispatch queue and worker pool: runs handlers, answers for them, enforces max_attempts.
 
-Reader tasks put ``(connection, message)`` on the queue; ``concurrency`` workers take them off and
-call ``handler(message)``:
+Reader tasks hand over each read's messages at once (:meth:`WorkerPool.submit_many`): they join
+one deque, and one wake-up token per worker that may be needed goes on the queue. A worker that
+takes a token runs handlers until the deque is empty, so a busy pool costs one queue round trip
+per batch rather than per message, while idle workers still share a batch. For each message the
+worker calls ``handler(message)``:
 
 * the handler returns → FIN (unless it called ``message.enable_async()`` or already answered);
 * it raises :class:`~nsq_sync.errors.RequeueMessage` → REQ with the delay and backoff it chose;
@@ -13,12 +16,19 @@ call ``handler(message)``:
 A message delivered with ``attempts > max_attempts`` (max_attempts lowered, or requeued
 explicitly by the application) goes straight to the give-up handler without running the handler.
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
+
+Messages whose handler returned are finished in batches (``finish_many``): workers put them on
+one pending deque and write it out when it holds ``FIN_BATCH`` messages or when they run out of
+messages, so a busy consumer writes many FINs per system call. ``on_pending`` (the consumer's
+flusher) is told whenever FINs are held, and writes them out within ``FIN_HOLD`` seconds if no
+worker did: a handler that runs long never holds back the FINs of the messages before it.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +40,11 @@ Handler = Callable[[Message], Any]
 GiveUpHandler = Callable[[Message], Any]
 
 _STOP = object()
+_WAKE = object()
+#: FINs held back before a worker writes them (one system call for all)
+FIN_BATCH = 512
+#: longest a FIN is held back while a handler runs, in seconds (enforced by ``on_pending``)
+FIN_HOLD = 0.002
 
 
 def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -43,7 +58,8 @@ def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapt
 
 
 class WorkerPool:
-    """``concurrency`` tasks running handlers from one queue. ``submit`` is thread-safe.
+    """``concurrency`` tasks running handlers from one queue. ``submit``/``submit_many`` are
+    thread-safe.
 
     Args:
         runtime: threads or gevent.
@@ -51,10 +67,15 @@ class WorkerPool:
         concurrency: number of workers.
         max_attempts: 0 for unlimited.
         giving_up: called with a message that used up its attempts (before it is finished).
-        requeue_delay: computes the default REQ delay for a failed message.
         log: logger (a per-subscription adapter).
-        on_skip: called for a queued message whose connection closed before it started (nsqd
+        is_stale: True for a message whose connection closed before it started (nsqd
             redelivers it; running it would only produce a duplicate).
+        on_skip: called for such a stale message.
+        on_gave_up: called after the give-up handler took a message.
+        finish_many: finishes messages whose handler returned (already marked answered), in
+            order; None finishes each with ``message.finish()`` at once.
+        on_pending: called after a message joined the pending FINs; it must make sure
+            :meth:`flush_pending` runs within ``FIN_HOLD`` seconds (the workers also call it).
     """
 
     def __init__(
@@ -69,6 +90,8 @@ class WorkerPool:
         is_stale: Callable[[Message], bool],
         on_skip: Callable[[Message], None],
         on_gave_up: Callable[[Message], None],
+        finish_many: Callable[[list[Message]], None] | None = None,
+        on_pending: Callable[[], None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.handler = handler
@@ -79,30 +102,52 @@ class WorkerPool:
         self.is_stale = is_stale
         self.on_skip = on_skip
         self.on_gave_up = on_gave_up
-        self.queue: Any = runtime.queue()
+        self.finish_many = finish_many
+        self.on_pending = on_pending
+        self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
+        # deques: append and popleft are atomic, so workers and the flusher share them lock-free
+        self._messages: deque[Message] = deque()
+        self.pending: deque[Message] = deque()  # handled, FIN not written yet
         self.tasks: list[Task] = []
-        self.running = 0  # handlers executing now
-        self._lock = runtime.lock()
 
     def start(self, name: str) -> None:
         for i in range(self.concurrency):
             self.tasks.append(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
 
+    def flush_pending(self) -> None:
+        """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
+        popleft = self.pending.popleft
+        batch: list[Message] = []
+        while True:
+            try:
+                batch.append(popleft())
+            except IndexError:
+                break
+        if batch and self.finish_many is not None:
+            try:
+                self.finish_many(batch)
+            except Exception:
+                self.log.exception("finishing %d message(s) failed", len(batch))
+
     def submit(self, message: Message) -> None:
-        self.queue.put(message)
+        self.submit_many([message])
+
+    def submit_many(self, messages: list[Message]) -> None:
+        """Queue messages in order; wakes as many workers as could share them."""
+        self._messages.extend(messages)
+        put = self.queue.put
+        for _ in range(min(len(messages), self.concurrency)):
+            put(_WAKE)
 
     def drain(self) -> list[Message]:
         """Remove and return every message queued but not started."""
         drained: list[Message] = []
+        popleft = self._messages.popleft
         while True:
             try:
-                item = self.queue.get_nowait()
-            except Exception:  # queue.Empty (threads) / gevent's, the same class
+                drained.append(popleft())
+            except IndexError:
                 return drained
-            if item is _STOP:
-                self.queue.put(item)
-                return drained
-            drained.append(item)
 
     def stop(self, timeout: float) -> bool:
         """Ask the workers to exit after their current message; True if all did in time."""
@@ -116,42 +161,59 @@ class WorkerPool:
 
     def _work(self) -> None:
         get = self.queue.get
-        while True:
-            item = get()
-            if item is _STOP:
-                return
-            try:
-                self._process(item)
-            except Exception:  # never let a worker die silently
-                self.log.exception("worker failed while processing %r", item)
-            except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker
-                self.log.error(
-                    "worker stopped by %r while processing %r",
-                    sys.exc_info()[1],
-                    item,
-                    exc_info=True,
-                )
-                return
+        popleft = self._messages.popleft
+        process = self._process
+        pending = self.pending
+        on_pending = self.on_pending
+        message: Message | None = None
+        try:
+            while get() is not _STOP:
+                while True:
+                    try:
+                        message = popleft()
+                    except IndexError:
+                        break
+                    try:
+                        to_finish = process(message)
+                    except Exception:  # never let a worker die silently
+                        self.log.exception("worker failed while processing %r", message)
+                        continue
+                    if to_finish:
+                        pending.append(message)
+                        if len(pending) >= FIN_BATCH:
+                            self.flush_pending()
+                        elif on_pending is not None:
+                            on_pending()
+                if pending:  # out of messages: nothing waits for a batch to fill
+                    self.flush_pending()
+        except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker
+            self.log.error(
+                "worker stopped by %r while processing %r",
+                sys.exc_info()[1],
+                message,
+                exc_info=True,
+            )
+        finally:
+            self.flush_pending()
 
-    def _process(self, message: Message) -> None:
+    def _process(self, message: Message) -> bool:
+        """Run one message; True when it is to be finished by the caller (handler returned)."""
         if self.is_stale(message):
             self.on_skip(message)
-            return
+            return False
         if 0 < self.max_attempts < message.attempts:
             self._give_up(message)
-            return
-        with self._lock:
-            self.running += 1
+            return False
         try:
             self.handler(message)
         except RequeueMessage as req:
             if not message.has_responded:
                 message.requeue(req.delay, req.backoff)
-            return
+            return False
         except Exception:
             if message.has_responded:
                 self.log.exception("handler failed after answering message %r", message)
-                return
+                return False
             if 0 < self.max_attempts <= message.attempts:
                 self.log.exception(
                     "handler failed on message %r (attempt %d of %d)",
@@ -167,18 +229,20 @@ class WorkerPool:
                     message.attempts,
                 )
                 message.requeue()
-            return
+            return False
         except BaseException:
             # SystemExit, KeyboardInterrupt, GreenletExit: this worker ends, but the message
             # must not be left in flight until nsqd's timeout.
             if not message.has_responded:
                 message.requeue(0.0, backoff=False)
             raise
-        finally:
-            with self._lock:
-                self.running -= 1
-        if not message.has_responded and not message.is_async:
+        if message._responded or message._async:
+            return False
+        if self.finish_many is None:
             message.finish()
+            return False
+        message._responded = True  # claimed: finished with the worker's next batch
+        return True
 
     def _give_up(self, message: Message) -> None:
         try:

@@ -1,33 +1,66 @@
-"""The flusher task: writes the FIN/REQ commands that workers buffered, in batches.
+"""The flusher task: writes what workers left buffered, in batches.
 
-A worker that answers a message only appends the command to its connection's write buffer
-(:meth:`~nsq_sync.connection.NsqdConnection.send_deferred`); when that buffer was empty it
-wakes the flusher. While the flusher writes one batch, workers keep appending, so under load
-each system call carries many commands, and with no added delay: an idle consumer's flusher
-sleeps on its event and a lone answer is written as soon as the flusher runs.
+Two kinds of work reach it:
+
+* FIN/REQ/TOUCH commands answered outside the batch path (``message.finish()`` called by the
+  handler or from another thread) only join their connection's write buffer
+  (:meth:`~nsq_sync.connection.NsqdConnection.send_deferred`); :meth:`Flusher.schedule` wakes
+  the flusher, which writes every dirty connection in one system call each. While it writes,
+  others keep appending, so under load each call carries many commands.
+* FINs the workers hold back for a batch (:attr:`~nsq_sync.dispatch.WorkerPool.pending`):
+  workers write them when a batch is full or when they run out of messages; :meth:`Flusher.watch`
+  makes the flusher write them after ``hold`` seconds if no worker did (a long handler must not
+  hold back the FINs of the messages before it).
+
+An idle consumer's flusher sleeps on its event: no polling.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from nsq_sync.errors import NSQConnectionError
 
 
-class Flusher:
-    """One per consumer. ``schedule`` is thread-safe."""
+class HeldAnswers(Protocol):
+    """What the flusher needs of the worker pool."""
 
-    def __init__(self, runtime: Any, log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    @property
+    def pending(self) -> Any: ...
+
+    def flush_pending(self) -> None: ...
+
+
+class Flusher:
+    """One per consumer. ``schedule`` and ``watch`` are thread-safe.
+
+    Args:
+        runtime: threads or gevent.
+        log: logger.
+        hold: longest time held FINs wait for a worker before the flusher writes them, seconds.
+    """
+
+    def __init__(
+        self, runtime: Any, log: logging.Logger | logging.LoggerAdapter[Any], hold: float = 0.002
+    ) -> None:
         self.runtime = runtime
         self.log = log
+        self.hold = hold
         self._lock = runtime.lock()
         self._dirty: list[Any] = []
         self._wakeup = runtime.event()
         self._stopped = False
         self._task: Any = None
+        self._held: HeldAnswers | None = None
+        # True while the flusher checks held FINs every ``hold`` seconds. Protocol: a worker
+        # appends to ``pending`` and then reads this flag; the flusher clears it and then reads
+        # ``pending``. Either the worker sees False (and wakes the flusher) or the flusher sees
+        # the new message (and keeps watching): a held FIN is never forgotten.
+        self._watching = False
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, held: HeldAnswers | None = None) -> None:
+        self._held = held
         self._task = self.runtime.spawn(self._run, name=f"nsq_sync-flusher-{name}")
 
     def schedule(self, conn: Any) -> None:
@@ -38,19 +71,33 @@ class Flusher:
         if first:
             self._wakeup.set()
 
+    def watch(self) -> None:
+        """A worker holds FINs: write them within ``hold`` seconds unless a worker does."""
+        if not self._watching:
+            self._watching = True
+            self._wakeup.set()
+
     def stop(self, timeout: float = 1.0) -> None:
         """Write what is left, then end the task."""
         self._stopped = True
         self._wakeup.set()
         if self._task is not None:
             self._task.join(timeout)
+        if self._held is not None:
+            self._held.flush_pending()
         self._flush_all()
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wakeup.wait()
+            watching = self._watching
+            self._wakeup.wait(self.hold if watching else None)
             self._wakeup.clear()
             self._flush_all()
+            if watching and self._held is not None:
+                self._watching = False
+                if self._held.pending:
+                    self._watching = True  # written now; look again after the next hold
+                self._held.flush_pending()
 
     def _flush_all(self) -> None:
         with self._lock:

@@ -171,13 +171,17 @@ class RDYManager:
 
     def on_message(self, key: Hashable) -> list[Action]:
         """A message arrived on ``key``."""
+        return self.on_messages(key, 1)
+
+    def on_messages(self, key: Hashable, n: int) -> list[Action]:
+        """``n`` messages arrived on ``key`` in one read: one RDY check for the batch (its
+        remaining credit is checked after the batch rather than after every message)."""
         conn = self.conns.get(key)
         if conn is None:
             return []
-        conn.in_flight += 1
+        conn.in_flight += n
         conn.last_msg_at = self.clock()
-        if conn.remaining > 0:
-            conn.remaining -= 1
+        conn.remaining = max(0, conn.remaining - n)
         if self.in_backoff or self.max_in_flight == 0:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
@@ -188,6 +192,18 @@ class RDYManager:
         """A message of ``key`` was finished (FIN): one success for backoff."""
         self._done(key)
         return self._result(success=True)
+
+    def finish_quietly(self, key: Hashable, n: int) -> bool:
+        """Count ``n`` FINs of ``key`` when that changes nothing but in-flight counts (no
+        backoff level to step down), and return True; False (nothing counted) otherwise, and
+        the caller calls :meth:`on_finish` for each. Workers finish whole batches through here.
+        """
+        if self.backoff_level:
+            return False
+        conn = self.conns.get(key)
+        if conn is not None:
+            conn.in_flight = max(0, conn.in_flight - n)
+        return True
 
     def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
         """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""

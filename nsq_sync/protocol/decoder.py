@@ -28,6 +28,15 @@ from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame,
 _SIZE = struct.Struct(">l")
 _FRAME_HEAD = struct.Struct(">ll")
 _MSG_HEAD = struct.Struct(">qH16s")
+# a message frame's head in one unpack: size, frame type, timestamp, attempts, id
+_MSG_FRAME_HEAD = struct.Struct(">llqH16s")
+_MSG_FRAME_HEAD_SIZE = _MSG_FRAME_HEAD.size  # 34
+_MIN_MESSAGE_FRAME = 4 + MESSAGE_HEADER_SIZE  # size field of an empty-bodied message
+# a partial frame up to this size is carried over by copying it (the buffer stays ``bytes``,
+# whose slices need no second copy); a bigger one accumulates in a bytearray instead
+_SMALL_CARRY = 65536
+# b"HTTP" read as a frame size
+_HTTP_SIZE = _SIZE.unpack(b"HTTP")[0]
 
 
 class _Sentinel:
@@ -74,7 +83,9 @@ class FrameDecoder:
     __slots__ = ("_buf", "_pos", "_eof", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._buf = bytearray()
+        # bytes while frames are small (slicing a body out is one copy); a bytearray while a
+        # large frame arrives in pieces (appending in place, not quadratic copying)
+        self._buf: bytes | bytearray = b""
         self._pos = 0
         self._eof = False
         self.max_frame_size = max_frame_size
@@ -90,11 +101,22 @@ class FrameDecoder:
             return
         if self._eof:
             raise RemoteProtocolError("data received after end of stream")
-        if self._pos and self._pos == len(self._buf):
-            # Everything consumed: start over instead of growing (the common case).
-            self._buf.clear()
+        buf = self._buf
+        pos = self._pos
+        left = len(buf) - pos
+        if left <= 0:
+            # Everything consumed (the common case): keep the new chunk as it is.
+            self._buf = data if type(data) is bytes else bytes(data)
             self._pos = 0
-        self._buf += data
+        elif type(buf) is bytes and left <= _SMALL_CARRY:
+            self._buf = buf[pos:] + data
+            self._pos = 0
+        else:
+            if type(buf) is bytes:
+                buf = bytearray(buf[pos:])
+                self._pos = 0
+            buf += data
+            self._buf = buf
 
     @property
     def buffered(self) -> int:
@@ -108,7 +130,7 @@ class FrameDecoder:
         response: bytes read past that frame belong to the new layer, not to this decoder.
         """
         data = bytes(self._buf[self._pos :])
-        self._buf.clear()
+        self._buf = b""
         self._pos = 0
         return data
 
@@ -125,13 +147,13 @@ class FrameDecoder:
         available = len(buf) - pos
         if available < 8:
             return self._need_data(available)
-        if buf[pos : pos + 4] == _HTTP:
+        size, frame_type = _FRAME_HEAD.unpack_from(buf, pos)
+        if size == _HTTP_SIZE and buf[pos : pos + 4] == _HTTP:
             # Checked before the size limit: b"HTTP" reads as 1213486160, which a raised
             # max_frame_size (up to 2**31 - 1) would accept and then wait for forever.
             raise RemoteProtocolError(
                 "received an HTTP response: this looks like nsqd's HTTP port, not its TCP port"
             )
-        size, frame_type = _FRAME_HEAD.unpack_from(buf, pos)
         if size > self.max_frame_size or size < 4:
             if size < 4:
                 raise RemoteProtocolError(f"invalid frame size {size}")
@@ -155,10 +177,51 @@ class FrameDecoder:
         self._pos = pos
         raise RemoteProtocolError(f"unknown frame type {frame_type}")
 
+    def next_messages(self, out: list[MessageFrame]) -> Event | _Sentinel:
+        """Append every complete message frame at the front of the buffer to ``out``, then
+        return what follows as :meth:`next_event` does (another event, NEED_DATA or EOF).
+
+        The fast path for a consumer: one unpack and one copy per message. Messages decoded
+        before garbage are in ``out`` when the error is raised.
+
+        Raises:
+            The errors of :meth:`next_event`.
+        """
+        buf = self._buf
+        pos = self._pos
+        end_of_data = len(buf)
+        unpack = _MSG_FRAME_HEAD.unpack_from
+        append = out.append
+        new = tuple.__new__
+        max_size = self.max_frame_size
+        convert = type(buf) is not bytes
+        try:
+            while end_of_data - pos >= _MSG_FRAME_HEAD_SIZE:
+                size, frame_type, timestamp, attempts, msg_id = unpack(buf, pos)
+                end = pos + 4 + size
+                if (
+                    frame_type != FRAME_TYPE_MESSAGE
+                    or end > end_of_data
+                    or not _MIN_MESSAGE_FRAME <= size <= max_size
+                ):
+                    break  # anything else, incomplete or invalid: next_event decides
+                body = buf[pos + _MSG_FRAME_HEAD_SIZE : end]
+                append(
+                    new(
+                        MessageFrame,
+                        (msg_id, timestamp, attempts, bytes(body) if convert else body),
+                    )
+                )
+                pos = end
+        finally:
+            self._pos = pos
+        return self.next_event()
+
     def _check_type_advanced(self) -> None:
         # Compact lazily: drop consumed bytes once they dominate the buffer.
-        if self._pos > 65536 and self._pos * 2 > len(self._buf):
-            del self._buf[: self._pos]
+        buf = self._buf
+        if self._pos > 65536 and self._pos * 2 > len(buf) and type(buf) is bytearray:
+            del buf[: self._pos]
             self._pos = 0
 
     def _need_data(self, available: int) -> _Sentinel:

@@ -3,19 +3,24 @@
 Each test starts a real pool (threads, or greenlets under ``tests/run_gevent.py``), submits
 messages and stops it: ``stop`` queues one stop marker per worker behind the messages, so when it
 returns every submitted message has been processed.
+
+Every test runs twice: with FINs one by one (``message.finish()``), and batched as the consumer
+runs the pool (``finish_many`` plus a real Flusher as the ``on_pending`` backstop).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from nsq_sync.dispatch import WorkerPool
+from nsq_sync.dispatch import FIN_BATCH, WorkerPool
 from nsq_sync.errors import RequeueMessage
+from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.runtime import resolve_runtime
 
@@ -43,6 +48,8 @@ class RecordingResponder:
 
 
 class Harness:
+    batched = False  # set for each test by the fin_mode fixture
+
     def __init__(
         self,
         handler: Callable[[Message], Any],
@@ -56,8 +63,11 @@ class Harness:
         self.events: list[tuple[str, bytes]] = []  # handler / giving_up / skip / gave_up, in order
         self.handler = handler
         self.giving_up_fn = giving_up
+        runtime = resolve_runtime("auto")
+        self.batches: list[list[bytes]] = []  # what each finish_many call got
+        self.flusher = Flusher(runtime, logging.getLogger("test_dispatch"))
         self.pool = WorkerPool(
-            resolve_runtime("auto"),
+            runtime,
             self._handler,
             concurrency=concurrency,
             max_attempts=max_attempts,
@@ -66,8 +76,17 @@ class Harness:
             is_stale=lambda message: stale,
             on_skip=lambda message: self.events.append(("skip", message.id)),
             on_gave_up=lambda message: self.events.append(("gave_up", message.id)),
+            finish_many=self._finish_many if self.batched else None,
+            on_pending=self.flusher.watch if self.batched else None,
         )
         self._n = 0
+
+    def _finish_many(self, messages: list[Message]) -> None:
+        # as the consumer: the messages are already marked answered
+        assert all(m.has_responded for m in messages)
+        self.batches.append([m.id for m in messages])
+        for message in messages:
+            self.responder.finish(message)
 
     def _handler(self, message: Message) -> Any:
         self.events.append(("handler", message.id))
@@ -83,12 +102,28 @@ class Harness:
         msg_id = b"%016d" % self._n
         return Message(msg_id, body, 0, attempts, self.responder, "127.0.0.1:4150", None)
 
-    def run(self, *messages: Message) -> list[tuple[Any, ...]]:
+    def start(self) -> None:
         self.pool.start("test")
+        if self.batched:
+            self.flusher.start("test", self.pool)
+
+    def stop(self) -> None:
+        assert self.pool.stop(TIMEOUT), "workers did not finish in time"
+        if self.batched:
+            self.flusher.stop(TIMEOUT)
+
+    def run(self, *messages: Message) -> list[tuple[Any, ...]]:
+        self.start()
         for message in messages:
             self.pool.submit(message)
-        assert self.pool.stop(TIMEOUT), "workers did not finish in time"
+        self.stop()
         return self.responder.calls
+
+
+@pytest.fixture(autouse=True, params=["one-by-one", "batched"])
+def fin_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(Harness, "batched", request.param == "batched")
+    return str(request.param)
 
 
 def ok(message: Message) -> None:
@@ -317,7 +352,7 @@ def test_many_messages_on_many_workers_are_each_answered_once() -> None:
             else ("finish", m.id)
         )
         assert by_id[m.id] == expected
-    assert h.pool.running == 0
+    assert not h.pool.pending  # nothing held back
 
 
 def test_drain_returns_queued_messages_that_did_not_start() -> None:
@@ -346,3 +381,52 @@ def test_handler_ending_its_worker_still_requeues_the_message() -> None:
     h = Harness(handler, concurrency=2)
     m = h.message()
     assert h.run(m) == [("requeue", m.id, 0.0, False)]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        resolve_runtime("auto").sleep(0.001)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_burst_is_finished_in_batches_in_order(concurrency: int) -> None:
+    h = Harness(ok, concurrency=concurrency)
+    h.start()
+    messages = [h.message() for _ in range(3 * FIN_BATCH)]
+    h.pool.submit_many(messages)  # one read's worth, handed over at once
+    h.stop()
+    assert sorted(c[1] for c in h.responder.calls) == sorted(m.id for m in messages)
+    assert all(c[0] == "finish" for c in h.responder.calls)
+    if h.batched:
+        assert sum(len(b) for b in h.batches) == len(messages)
+        assert all(len(b) <= FIN_BATCH for b in h.batches)
+        if concurrency == 1:
+            # one worker: one write per full batch, in delivery order
+            assert h.batches == [
+                [m.id for m in messages[i : i + FIN_BATCH]]
+                for i in range(0, len(messages), FIN_BATCH)
+            ]
+
+
+def test_a_long_handler_does_not_hold_back_the_fins_before_it() -> None:
+    """The first message's FIN must go out while the second message's handler still runs (the
+    batch holds FINs for at most FIN_HOLD, not until the worker is free again)."""
+    seen_first_fin: list[bool] = []
+
+    h = Harness(ok)
+
+    def handler(message: Message) -> None:
+        if message.body == b"slow":
+            wait_until(lambda: ("finish", first.id) in h.responder.calls, "the first FIN")
+            seen_first_fin.append(True)
+
+    h.handler = handler
+    first = h.message(body=b"fast")
+    slow = h.message(body=b"slow")
+    h.start()
+    h.pool.submit_many([first, slow])
+    h.stop()
+    assert seen_first_fin == [True]
+    assert h.responder.calls == [("finish", first.id), ("finish", slow.id)]

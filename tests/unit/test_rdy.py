@@ -840,3 +840,51 @@ TestRDYMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+# --------------------------------------------------------------------------- batches (the consumer's hot path)
+
+
+def test_a_batch_of_messages_counts_like_single_messages() -> None:
+    m, wire, _ = make(100)
+    wire.add("a")
+    assert wire.apply(m.on_messages("a", 1)) == [("a", 100)]
+    assert wire.apply(m.on_messages("a", 70)) == []  # 30 of 100 left: above a quarter
+    assert m.conns["a"].in_flight == 71
+    # 5 more leave 25: the batch reaches the 25 % line, and the batch renews RDY once
+    assert wire.apply(m.on_messages("a", 5)) == [("a", 100)]
+    assert m.conns["a"].in_flight == 76
+
+
+def test_batch_larger_than_the_remaining_credit_does_not_go_negative() -> None:
+    m, wire, _ = make(10)
+    wire.add("a")
+    wire.message("a")
+    assert wire.apply(m.on_messages("a", 50)) == [("a", 10)]
+    assert m.conns["a"].remaining == 10
+    assert m.conns["a"].in_flight == 51
+
+
+def test_quiet_finish_outside_backoff_only_counts() -> None:
+    m, wire, _ = make(10, backoff=ExponentialBackoff(multiplier=1.0, max_duration=60.0))
+    wire.add("a")
+    wire.apply(m.on_messages("a", 5))
+    before = dict(wire.rdy)
+    assert m.finish_quietly("a", 3) is True
+    assert m.conns["a"].in_flight == 2
+    assert m.finish_quietly("a", 9) is True  # never below zero
+    assert m.conns["a"].in_flight == 0
+    assert m.finish_quietly(None, 1) is True  # a replaced connection's message: nothing to count
+    assert wire.rdy == before and m.backoff_level == 0 and m.next_deadline() is None
+
+
+def test_quiet_finish_is_refused_in_backoff_where_each_fin_is_a_step() -> None:
+    m, wire, clock = backoff_manager(2, 10)
+    wire.message("c0")
+    wire.requeue("c0")
+    key = expire(m, wire, clock)
+    wire.message(key)
+    in_flight = m.conns[key].in_flight
+    assert m.finish_quietly(key, 1) is False
+    assert m.conns[key].in_flight == in_flight and m.backoff_level == 1  # nothing counted
+    assert wire.finish(key) == [("c0", 5), ("c1", 5)]  # the one-by-one path steps down

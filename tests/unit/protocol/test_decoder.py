@@ -32,6 +32,20 @@ from nsq_sync.protocol import (
 )
 
 MODES = ["whole", "bytewise", "trailing"]
+#: the two ways to read events: one at a time, or the consumer's path (runs of messages first)
+APIS = ["events", "next_messages"]
+
+
+def read_all(decoder: FrameDecoder, api: str = "events") -> list[Event]:
+    """Every complete event, through ``decoder.events()`` or ``decoder.next_messages()``."""
+    if api == "events":
+        return list(decoder.events())
+    out: list[Event] = []
+    while True:
+        event = decoder.next_messages(out)  # type: ignore[arg-type]
+        if event is NEED_DATA or event is EOF:
+            return out
+        out.append(event)  # type: ignore[arg-type]
 
 
 def frame(frame_type: int, data: bytes) -> bytes:
@@ -59,8 +73,9 @@ NEXT_HEAD = NEXT_FRAME[:5]
 class Feeder:
     """Feeds one FrameDecoder in one of the three ways and collects the events."""
 
-    def __init__(self, mode: str, decoder: FrameDecoder | None = None) -> None:
+    def __init__(self, mode: str, decoder: FrameDecoder | None = None, api: str = "events") -> None:
         self.mode = mode
+        self.api = api
         self.decoder = decoder if decoder is not None else FrameDecoder()
 
     def _chunks(self, data: bytes) -> list[bytes]:
@@ -73,7 +88,7 @@ class Feeder:
         events: list[Event] = []
         for chunk in self._chunks(data):
             self.decoder.receive_data(chunk)
-            events.extend(self.decoder.events())
+            events.extend(read_all(self.decoder, self.api))
         return events
 
     def events(self, data: bytes) -> list[Event]:
@@ -88,7 +103,7 @@ class Feeder:
         assert self.decoder.next_event() is NEED_DATA
         assert self.decoder.buffered == len(NEXT_HEAD)
         self.decoder.receive_data(NEXT_FRAME[len(NEXT_HEAD) :])
-        assert list(self.decoder.events()) == [Response(b"NEXT")]
+        assert read_all(self.decoder, self.api) == [Response(b"NEXT")]
         return events
 
     def eof(self) -> object:
@@ -101,9 +116,14 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=APIS)
+def api(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def feeder(mode: str) -> Feeder:
-    return Feeder(mode)
+def feeder(mode: str, api: str) -> Feeder:
+    return Feeder(mode, api=api)
 
 
 # --------------------------------------------------------------------------- responses
@@ -123,11 +143,11 @@ def test_response_that_merely_contains_heartbeat_is_a_response(feeder: Feeder) -
     assert feeder.events(response(data)) == [Response(data)]
 
 
-def test_need_data_until_the_frame_is_complete(mode: str) -> None:
+def test_need_data_until_the_frame_is_complete(mode: str, api: str) -> None:
     decoder = FrameDecoder()
     assert decoder.next_event() is NEED_DATA
     whole = response(b"OK")
-    feeder = Feeder(mode, decoder)
+    feeder = Feeder(mode, decoder, api)
     assert feeder.partial(whole[:-1]) == []
     assert decoder.next_event() is NEED_DATA
     assert decoder.buffered == len(whole) - 1
@@ -227,9 +247,9 @@ def test_several_frames_in_one_chunk(feeder: Feeder) -> None:
 # --------------------------------------------------------------------------- garbage
 
 
-def test_frame_too_large_is_refused_from_its_header(mode: str) -> None:
+def test_frame_too_large_is_refused_from_its_header(mode: str, api: str) -> None:
     # Only the 8-byte header arrives: the decoder must not wait to buffer a huge frame.
-    feeder = Feeder(mode, FrameDecoder(max_frame_size=1024))
+    feeder = Feeder(mode, FrameDecoder(max_frame_size=1024), api)
     with pytest.raises(FrameTooLarge, match="frame size 1025 exceeds max_frame_size 1024"):
         feeder.events(struct.pack(">ll", 1025, 0))
 
@@ -240,8 +260,8 @@ def test_frame_of_exactly_max_size_is_accepted(feeder: Feeder) -> None:
     assert feeder.events(response(data)) == [Response(data)]
 
 
-def test_frame_too_large_is_a_remote_protocol_error(mode: str) -> None:
-    feeder = Feeder(mode, FrameDecoder(max_frame_size=1024))
+def test_frame_too_large_is_a_remote_protocol_error(mode: str, api: str) -> None:
+    feeder = Feeder(mode, FrameDecoder(max_frame_size=1024), api)
     with pytest.raises(RemoteProtocolError):
         feeder.events(message(1, 1, b"a" * 16, b"x" * 2000))
 
@@ -255,8 +275,10 @@ HTTP_REPLY = (
 
 
 @pytest.mark.parametrize("max_frame_size", [1024, 64 * 1024 * 1024, 2**31 - 1])
-def test_http_reply_means_the_http_port_was_dialled(mode: str, max_frame_size: int) -> None:
-    feeder = Feeder(mode, FrameDecoder(max_frame_size=max_frame_size))
+def test_http_reply_means_the_http_port_was_dialled(
+    mode: str, api: str, max_frame_size: int
+) -> None:
+    feeder = Feeder(mode, FrameDecoder(max_frame_size=max_frame_size), api)
     with pytest.raises(RemoteProtocolError, match="HTTP") as info:
         feeder.events(HTTP_REPLY)
     assert "TCP port" in str(info.value)
@@ -294,14 +316,14 @@ def test_eof_on_a_fresh_decoder() -> None:
     assert decoder.next_event() is EOF
 
 
-def test_frames_before_eof_are_still_delivered(mode: str) -> None:
+def test_frames_before_eof_are_still_delivered(mode: str, api: str) -> None:
     # The peer sends its last frames and closes: the close must not swallow them.
-    feeder = Feeder(mode)
+    feeder = Feeder(mode, api=api)
     data = response(b"OK") + error(b"E_INVALID bye")
     for chunk in feeder._chunks(data):
         feeder.decoder.receive_data(chunk)
     feeder.decoder.receive_data(b"")
-    assert list(feeder.decoder.events()) == [Response(b"OK"), ErrorFrame(b"E_INVALID bye")]
+    assert read_all(feeder.decoder, api) == [Response(b"OK"), ErrorFrame(b"E_INVALID bye")]
     assert feeder.decoder.next_event() is EOF
 
 
@@ -370,8 +392,9 @@ def _many_messages(count: int, body_size: int) -> tuple[bytes, list[MessageFrame
     return b"".join(parts), expected
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("chunk_size", [1, 1000, 4099, 65537, 300_000])
-def test_large_stream_fed_in_chunks_compacts_correctly(chunk_size: int) -> None:
+def test_large_stream_fed_in_chunks_compacts_correctly(chunk_size: int, api: str) -> None:
     # > 200 KB in frames that do not line up with the chunks: the decoder must drop consumed
     # bytes while a partial frame is still buffered, without losing or reordering any.
     data, expected = _many_messages(1500, 120)
@@ -380,7 +403,7 @@ def test_large_stream_fed_in_chunks_compacts_correctly(chunk_size: int) -> None:
     got: list[Event] = []
     for start in range(0, len(data), chunk_size):
         decoder.receive_data(data[start : start + chunk_size])
-        got.extend(decoder.events())
+        got.extend(read_all(decoder, api))
     assert got == expected
     assert decoder.buffered == 0
     decoder.receive_data(b"")
@@ -400,3 +423,49 @@ def test_one_frame_bigger_than_the_compaction_threshold(feeder: Feeder) -> None:
 def test_errors_are_protocol_errors() -> None:
     assert issubclass(FrameTooLarge, RemoteProtocolError)
     assert issubclass(RemoteProtocolError, ProtocolError)
+
+
+# --------------------------------------------------------------------------- next_messages
+
+
+def test_next_messages_keeps_what_it_decoded_before_garbage() -> None:
+    decoder = FrameDecoder()
+    good = [message(1, 1, b"%016d" % i, b"body %d" % i) for i in range(3)]
+    decoder.receive_data(b"".join(good) + frame(9, b"garbage"))
+    out: list[MessageFrame] = []
+    with pytest.raises(RemoteProtocolError, match="unknown frame type 9"):
+        decoder.next_messages(out)
+    assert [m.body for m in out] == [b"body 0", b"body 1", b"body 2"]
+
+
+def test_next_messages_stops_at_the_first_other_frame_and_returns_it() -> None:
+    decoder = FrameDecoder()
+    decoder.receive_data(
+        message(1, 1, b"a" * 16, b"one")
+        + response(b"_heartbeat_")
+        + message(2, 1, b"b" * 16, b"two")
+    )
+    out: list[MessageFrame] = []
+    assert decoder.next_messages(out) == Heartbeat()
+    assert out == [MessageFrame(b"a" * 16, 1, 1, b"one")]
+    assert decoder.next_messages(out) is NEED_DATA
+    assert out[1] == MessageFrame(b"b" * 16, 2, 1, b"two")
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_bodies_are_bytes_also_after_a_large_frame_arrived_in_pieces(api: str) -> None:
+    # A frame bigger than what the decoder carries over by copying accumulates in a bytearray;
+    # bodies sliced from it must still be bytes (immutable, hashable), as from the fast path.
+    big = b"L" * 200_000
+    small = [message(5, 1, b"%016d" % i, b"small %d" % i) for i in range(20)]
+    data = message(4, 2, b"B" * 16, big) + b"".join(small)
+    decoder = FrameDecoder()
+    got: list[Event] = []
+    for start in range(0, len(data), 70_000):
+        decoder.receive_data(data[start : start + 70_000])
+        got.extend(read_all(decoder, api))
+    assert len(got) == 21
+    assert got[0] == MessageFrame(b"B" * 16, 4, 2, big)
+    assert [m.body for m in got[1:]] == [b"small %d" % i for i in range(20)]  # type: ignore[union-attr]
+    assert all(type(m.body) is bytes for m in got)  # type: ignore[union-attr]
+    assert decoder.buffered == 0

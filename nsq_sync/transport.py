@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 from typing import Any
 
 from nsq_sync.errors import (
@@ -28,6 +29,7 @@ from nsq_sync.protocol.codecs import Codec
 from nsq_sync.runtime import Runtime
 
 _RECV_SIZE = 256 * 1024
+_TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO / SO_SNDTIMEO
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -83,12 +85,39 @@ class Transport:
         except OSError as exc:
             raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(read_timeout)
-        self._rtimeout = read_timeout
         self._rsock: Any = sock
         self._wsock: Any = sock.dup()
-        self._wsock.settimeout(write_timeout)
+        # Plain threads: blocking sockets with the kernel enforcing the timeouts (SO_RCVTIMEO /
+        # SO_SNDTIMEO). A Python-level timeout polls before every recv and send: a system call
+        # more, and one more release and re-acquisition of the GIL, per operation. gevent's
+        # cooperative sockets keep their own timeouts.
+        self._kernel_timeouts = (
+            runtime.name == "threads"
+            and hasattr(socket, "SO_RCVTIMEO")
+            and not type(sock).__module__.startswith("gevent")  # threads runtime, patched socket
+        )
+        self._rtimeout = read_timeout
+        if self._kernel_timeouts:
+            sock.settimeout(None)  # blocking (both descriptors share the file status)
+            self._wsock.settimeout(None)  # and no Python-level poll before each send
+            self._set_kernel_timeout(sock, socket.SO_RCVTIMEO, read_timeout)
+            self._set_kernel_timeout(sock, socket.SO_SNDTIMEO, write_timeout)
+        else:
+            sock.settimeout(read_timeout)
+            self._wsock.settimeout(write_timeout)
+        # recv_into a reused buffer: recv(n) allocates n bytes per call (for 256 KiB an mmap,
+        # an mremap to the size read and a munmap later, with fresh pages faulted in each time)
+        self._rbuf = bytearray(_RECV_SIZE)
+        self._rview = memoryview(self._rbuf)
         self.read_timeout = read_timeout
+
+    @staticmethod
+    def _set_kernel_timeout(sock: Any, option: int, timeout: float) -> None:
+        seconds = max(timeout, 0.0001)
+        sec = int(seconds)
+        sock.setsockopt(
+            socket.SOL_SOCKET, option, _TIMEVAL.pack(sec, max(1, int((seconds - sec) * 1e6)))
+        )
 
     def enable_keepalive(self) -> None:
         """Turn on TCP keepalive (connections without heartbeats still notice dead peers)."""
@@ -166,7 +195,10 @@ class Transport:
             current = self._rtimeout
             if not timeout * 0.5 <= current <= timeout * 2:
                 self._rtimeout = current = max(timeout, 0.0001)
-                self._rsock.settimeout(current)
+                if self._kernel_timeouts:
+                    self._set_kernel_timeout(self._rsock, socket.SO_RCVTIMEO, current)
+                else:
+                    self._rsock.settimeout(current)
         while True:
             raw = self._recv_raw()
             if not raw:
@@ -280,13 +312,12 @@ class Transport:
 
     def _recv_raw(self) -> bytes:
         try:
-            return bytes(self._rsock.recv(_RECV_SIZE))
-        except socket.timeout as exc:
+            n = self._rsock.recv_into(self._rbuf)
+            return bytes(self._rview[:n])
+        except (socket.timeout, BlockingIOError) as exc:  # BlockingIOError: SO_RCVTIMEO expired
             if self.closed:
                 raise ConnectionClosed("connection closed", self.address, by_server=False) from exc
-            raise ReadTimeout(
-                f"no data from nsqd for {self._rsock.gettimeout()} s", self.address
-            ) from exc
+            raise ReadTimeout(f"no data from nsqd for {self._rtimeout} s", self.address) from exc
         except OSError as exc:
             if self.closed:
                 raise ConnectionClosed("connection closed", self.address, by_server=False) from exc
@@ -299,7 +330,7 @@ class Transport:
             raise ConnectionClosed("connection closed", self.address, by_server=False)
         try:
             self._wsock.sendall(data)
-        except socket.timeout as exc:
+        except (socket.timeout, BlockingIOError) as exc:  # BlockingIOError: SO_SNDTIMEO expired
             raise NSQConnectionError("write timed out", self.address) from exc
         except OSError as exc:
             raise ConnectionClosed(f"write failed: {exc}", self.address) from exc

@@ -20,8 +20,9 @@ Nothing is discarded silently: every message is finished, requeued, or given up 
 Messages whose handler returned are finished in batches (``finish_many``): workers put them on
 one pending deque and write it out when it holds ``FIN_BATCH`` messages or when they run out of
 messages, so a busy consumer writes many FINs per system call. ``on_pending`` (the consumer's
-flusher) is told whenever FINs are held, and writes them out within ``FIN_HOLD`` seconds if no
-worker did: a handler that runs long never holds back the FINs of the messages before it.
+flusher) is told whenever a handler starts while FINs are held, and writes them out within
+``FIN_HOLD`` seconds if no worker did: a handler that runs long never holds back the FINs of the
+messages before it. A consumer that is not busy writes each FIN as soon as its handler returns.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class WorkerPool:
         on_gave_up: called after the give-up handler took a message.
         finish_many: finishes messages whose handler returned (already marked answered), in
             order; None finishes each with ``message.finish()`` at once.
-        on_pending: called after a message joined the pending FINs; it must make sure
-            :meth:`flush_pending` runs within ``FIN_HOLD`` seconds (the workers also call it).
+        on_pending: called when a worker starts a handler while FINs are held; it must make
+            sure :meth:`flush_pending` runs within ``FIN_HOLD`` seconds (workers also call it
+            whenever they run out of messages).
     """
 
     def __init__(
@@ -173,6 +175,8 @@ class WorkerPool:
                         message = popleft()
                     except IndexError:
                         break
+                    if pending and on_pending is not None:
+                        on_pending()  # FINs held while another handler runs: arm the backstop
                     try:
                         to_finish = process(message)
                     except Exception:  # never let a worker die silently
@@ -182,8 +186,6 @@ class WorkerPool:
                         pending.append(message)
                         if len(pending) >= FIN_BATCH:
                             self.flush_pending()
-                        elif on_pending is not None:
-                            on_pending()
                 if pending:  # out of messages: nothing waits for a batch to fill
                     self.flush_pending()
         except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker

@@ -34,7 +34,7 @@ from nsq_sync.protocol import commands
 from nsq_sync.protocol.codecs import DeflateCodec, SnappyCodec
 from nsq_sync.protocol.constants import OK
 from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder
-from nsq_sync.protocol.events import ErrorFrame, Heartbeat, MessageFrame, Response
+from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame, Response
 from nsq_sync.protocol.identify import IdentifyResult
 from nsq_sync.runtime import Runtime, Task, resolve_runtime
 from nsq_sync.transport import Transport, parse_address
@@ -497,15 +497,20 @@ class NsqdConnection:
                     decoder.receive_data(data)
                 elif event is EOF:
                     raise ConnectionClosed("nsqd closed the connection", self.address)
-                elif type(event) is Response:
-                    self._on_response(event.data)
-                elif type(event) is ErrorFrame:
-                    self._on_error(self._server_error(event))
-                elif type(event) is Heartbeat:
-                    transport.send(commands.NOP)
                 else:
-                    raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
+                    self._on_publisher_event(event)  # type: ignore[arg-type]
+            # Answers to other requests that arrived in the same reads: hand them out now. Left
+            # in the buffer, they would wait for the next reader to wake up first (one thread
+            # wake-up more on the path of every answer when many threads publish).
+            while self._pending:
+                event = decoder.next_event()
+                if event is NEED_DATA or event is EOF:
+                    break
+                self._on_publisher_event(event)  # type: ignore[arg-type]
         except ReadTimeout:
+            # (also when the socket's own timeout fired first): this request gives up; its
+            # answer, if it ever comes, is popped and dropped by the next reader
+            waiter.abandoned = True
             self._pass_reading_role()
             raise
         except BaseException as exc:
@@ -520,6 +525,17 @@ class NsqdConnection:
                 self._reading = False
             raise
         self._pass_reading_role()
+
+    def _on_publisher_event(self, event: Event) -> None:
+        if type(event) is Response:
+            self._on_response(event.data)
+        elif type(event) is ErrorFrame:
+            self._on_error(self._server_error(event))
+        elif type(event) is Heartbeat:
+            assert self._transport is not None
+            self._transport.send(commands.NOP)
+        else:
+            raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
 
     def _pass_reading_role(self) -> None:
         with self._request_lock:

@@ -65,6 +65,29 @@ class _Slot:
         self.last_error: BaseException | None = None
 
 
+# Forks in this process's lineage: os.register_at_fork bumps it in every child. Each publish
+# compares it with its producer's copy (an int compare instead of a getpid() system call per
+# publish). The hook is installed by the first Producer, not at import.
+_fork_generation = 0
+_fork_hook_installed = False
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+def _install_fork_hook() -> bool:
+    """Install the fork counter once; False where os.register_at_fork does not exist."""
+    global _fork_hook_installed
+    if not hasattr(os, "register_at_fork"):
+        return False
+    if not _fork_hook_installed:
+        _fork_hook_installed = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    return True
+
+
 class Producer:
     """Publishes to nsqd over TCP. Thread-safe; a context manager.
 
@@ -105,14 +128,15 @@ class Producer:
         self.addresses = addresses
         self._closed = False
         self._rng = random.Random()
+        self._fork_hook = _install_fork_hook()
         self._reset_state()
 
     def _reset_state(self) -> None:
         self._pid = os.getpid()
+        self._generation = _fork_generation
         self._slots = [_Slot(a, self.runtime) for a in self.addresses]
         self._current = 0
-        self._active = 0
-        self._active_lock = self.runtime.lock()
+        self._active: list[None] = []  # a token per publish in progress
 
     # ------------------------------------------------------------------ public API
 
@@ -212,17 +236,17 @@ class Producer:
     def _publish(self, data: bytes, timeout: float | None) -> None:
         if self._closed:
             raise Stopped("producer is closed")
-        if os.getpid() != self._pid:
+        if self._generation != _fork_generation if self._fork_hook else os.getpid() != self._pid:
             self._after_fork()
-        with self._active_lock:
-            self._active += 1
+        # One token per publish in progress: list append/pop are atomic (no lock, whose
+        # contended release costs a futex wake-up per publish when many threads publish).
+        self._active.append(None)
         try:
             self._publish_with_failover(
                 data, self.config.publish_timeout if timeout is None else timeout
             )
         finally:
-            with self._active_lock:
-                self._active -= 1
+            self._active.pop()
 
     def _publish_with_failover(self, data: bytes, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -46,6 +46,7 @@ from nsq_sync.errors import (
     NSQError,
     ProtocolError,
     PublishError,
+    ReadTimeout,
     RemoteProtocolError,
     ServerError,
     error_from_frame,
@@ -355,6 +356,23 @@ def test_producer_reports_a_stream_closed_before_any_answer() -> None:
         assert time.monotonic() - t0 < 2.5
     assert isinstance(info.value.reason, ConnectionClosed), info.value.reason
     assert len(fake.connections) >= 2, "it retried on fresh connections until the deadline"
+
+
+def test_producer_times_out_on_an_nsqd_that_never_answers() -> None:
+    """nsqd accepts the PUB and says nothing (the fake waits for a NOP that a producer never
+    sends): the read times out (SO_RCVTIMEO under threads, gevent's timer under gevent) and
+    publish raises within publish_timeout instead of waiting for the fake to give up."""
+    with FakeNsqd(lambda i: [EXPECT_NOP], mode="producer") as fake:
+        producer = Producer(fake.address, publish_timeout=0.5)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(PublishError) as info:
+                producer.publish("fuzz", b"payload")
+        finally:
+            producer.close()
+        took = time.monotonic() - t0
+    assert isinstance(info.value.reason, ReadTimeout), info.value.reason
+    assert took < 3.0, f"publish took {took:.1f} s"  # the fake would have closed after 5 s
 
 
 # --------------------------------------------------------------------------- atheris

@@ -186,6 +186,15 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             rate,
         ),
     ]
+    raw = _rate(data, "pub", "go-nsq bench")
+    mine, nsqpy = _rate(data, "pub", "nsq_sync"), _rate(data, "pub", "nsq-py")
+    if raw and mine and nsqpy:
+        for target in t:
+            if target["id"] == "pub_vs_nsqpy":
+                target["detail"] += (
+                    f"; the round-trip ceiling, a bare socket loop, did {raw:,.0f} msg/s: nsq_sync"
+                    f" at {mine / raw:.2f}× of it, nsq-py at {nsqpy / raw:.2f}×"
+                )
     # idle: lower is better; met when nsq_sync with N connections used no more CPU than pynsq with 1
     mine = _cpu(data, "idle_multi", "nsq_sync")
     theirs = _cpu(data, "idle_1", "pynsq")
@@ -299,7 +308,7 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
     for c in COLUMNS:
         info = clients.get(c, {})
         if c == "go-nsq bench":
-            header.append("go-nsq bench tools")
+            header.append("ceilings: go-nsq bench tools, raw socket")
         else:
             version = info.get("version")
             header.append(f"{c} {version}" if version and c in PEERS else c)
@@ -321,6 +330,8 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
             cells[-1] = "bench_reader: " + cells[-1]
         if workload == "mpub" and per.get("go-nsq bench", {}).get("ok"):
             cells[-1] = "bench_writer: " + cells[-1]
+        if workload == "pub" and per.get("go-nsq bench", {}).get("ok"):
+            cells[-1] = "raw Python socket: " + cells[-1]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("## Targets for nsq_sync (ratios in this run)")
@@ -380,7 +391,10 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
     lines.append(
         "- go-nsq bench tools are the ceiling: raw protocol, one connection per core, no "
         'per-message work (bench_reader reads an over-filled topic for a fixed time, "(≥)" if '
-        "it ran dry; bench_writer publishes MPUB batches for a fixed time)."
+        "it ran dry; bench_writer publishes MPUB batches for a fixed time). For the one-thread "
+        "PUB the ceiling is a bare stdlib socket loop (bench/clients/raw_socket_client.py: "
+        "write PUB, block in recv for OK, no library): the loopback round trip through nsqd "
+        "that bounds every synchronous publish."
     )
     lines.append(
         f"- † marks a run during which processes outside the benchmark used more than "

@@ -177,6 +177,8 @@ CLIENTS: dict[str, ClientSpec] = {
     "nsq-py": ClientSpec("nsq-py", "nsqpy_client.py", venv="nsq-py", label="nsq-py 0.1.12"),
 }
 GO = "go-nsq bench"
+#: the single-thread PUB ceiling (bench/clients/raw_socket_client.py), shown in the GO column
+RAW = ClientSpec("raw-socket", "raw_socket_client.py", label="raw Python socket")
 PEERS = ("pynsq", "gnsq", "nsq-py")
 
 #: Which clients take part in which workload (the gevent comparison is nsq_sync-gevent vs gnsq,
@@ -660,7 +662,7 @@ class Harness:
     ) -> dict[str, Any]:
         assert self.nsqd is not None
         window = CpuWindow([self.nsqd.pid])
-        worker = Worker(CLIENTS[client], job, tag)
+        worker = Worker(RAW if client == GO else CLIENTS[client], job, tag)
         result = worker.finish(timeout)
         result["cpu_window"] = window.close()
         return result
@@ -776,12 +778,18 @@ class Harness:
             runs.append(r)
         return self.median_run(runs, "rate")
 
-    def _publish_workload(self, workload: str, n: int, extra: dict[str, Any]) -> None:
+    def _publish_workload(
+        self,
+        workload: str,
+        n: int,
+        extra: dict[str, Any],
+        clients: tuple[str, ...] | None = None,
+    ) -> None:
         nsqd = self.nsqd
         assert nsqd is not None
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(self.repeat):
-            for client in self.clients_for(workload):
+            for client in self.clients_for(workload) if clients is None else clients:
                 topic = self.topic(f"{workload}{rep}", client)
                 nsqd.create_topic(topic)
                 job: dict[str, Any] = {
@@ -810,6 +818,8 @@ class Harness:
 
     def pub(self) -> None:
         self._publish_workload("pub", self.sizes.pub_n, {})
+        if self.go_tools:  # the ceilings: a bare socket loop, in the GO column
+            self._publish_workload("pub", self.sizes.pub_n, {}, clients=(GO,))
 
     def pub_threads(self) -> None:
         s = self.sizes

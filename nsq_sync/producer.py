@@ -43,6 +43,7 @@ from nsq_sync.errors import (
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.commands import Body
 from nsq_sync.protocol.constants import OK
+from nsq_sync.protocol.names import validate_topic
 from nsq_sync.runtime import Runtime, resolve_runtime
 from nsq_sync.transport import parse_address
 
@@ -165,12 +166,13 @@ class Producer:
                 over ``max_body_size``; nothing is sent.
             ServerError, PublishError, Stopped: as :meth:`publish`.
         """
-        bodies = (
-            list(bodies) if not isinstance(bodies, (bytes, bytearray, memoryview, str)) else bodies
-        )
-        data = commands.mpub(topic, bodies)
-        for i, b in enumerate(bodies):
-            self._check_size(len(b) if not isinstance(b, str) else len(b.encode("utf-8")), i)
+        validate_topic(topic)  # the topic's error first, as for publish
+        datas = commands.to_bodies(bodies)
+        limit = self.config.max_msg_size
+        if limit is not None and max(map(len, datas)) > limit:
+            for i, d in enumerate(datas):
+                self._check_size(len(d), i)  # raises for the first too large
+        data = commands.mpub(topic, datas)
         limit = self.config.max_body_size
         if limit is not None and len(data) > limit:
             raise InvalidBody(f"MPUB batch of {len(data)} bytes exceeds max_body_size {limit}")

@@ -258,7 +258,7 @@ class Producer:
             start = self._current
             for k in range(n):
                 slot = self._slots[(start + k) % n]
-                if slot.retry_at > time.monotonic():
+                if slot.retry_at and slot.retry_at > time.monotonic():
                     continue
                 conn: NsqdConnection | None = None
                 try:

@@ -28,7 +28,8 @@ from nsq_sync.errors import (
 from nsq_sync.protocol.codecs import Codec
 from nsq_sync.runtime import Runtime
 
-_RECV_SIZE = 256 * 1024
+_RECV_SIZE = 256 * 1024  # largest read buffer (a busy consumer's)
+_RECV_MIN = 16 * 1024  # first read buffer; it grows while reads fill it
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO / SO_SNDTIMEO
 
 
@@ -106,8 +107,10 @@ class Transport:
             sock.settimeout(read_timeout)
             self._wsock.settimeout(write_timeout)
         # recv_into a reused buffer: recv(n) allocates n bytes per call (for 256 KiB an mmap,
-        # an mremap to the size read and a munmap later, with fresh pages faulted in each time)
-        self._rbuf = bytearray(_RECV_SIZE)
+        # an mremap to the size read and a munmap later, with fresh pages faulted in each time).
+        # It starts small (an idle or publishing connection never needs more) and grows up to
+        # _RECV_SIZE while reads fill it (a busy consumer: fewer, larger reads).
+        self._rbuf = bytearray(_RECV_MIN)
         self._rview = memoryview(self._rbuf)
         self.read_timeout = read_timeout
 
@@ -313,7 +316,11 @@ class Transport:
     def _recv_raw(self) -> bytes:
         try:
             n = self._rsock.recv_into(self._rbuf)
-            return bytes(self._rview[:n])
+            data = bytes(self._rview[:n])
+            if n == len(self._rbuf) and n < _RECV_SIZE:
+                self._rbuf = bytearray(min(n * 4, _RECV_SIZE))
+                self._rview = memoryview(self._rbuf)
+            return data
         except (socket.timeout, BlockingIOError) as exc:  # BlockingIOError: SO_RCVTIMEO expired
             if self.closed:
                 raise ConnectionClosed("connection closed", self.address, by_server=False) from exc

@@ -124,9 +124,23 @@ def sub(topic: str, channel: str) -> bytes:
 
 def pub(topic: str, body: Body) -> bytes:
     """``PUB <topic>`` + one body. Raises InvalidName / InvalidBody."""
-    t = validate_topic(topic)
-    data = to_body(body)
-    return b"PUB " + t.encode("ascii") + b"\n" + _U32.pack(len(data)) + data
+    head = _pub_head(topic)  # the topic's error first
+    data = body if type(body) is bytes and body else to_body(body)
+    return b"%s%s%s" % (head, _U32.pack(len(data)), data)
+
+
+_PUB_HEADS: dict[object, bytes] = {}  # topic -> b"PUB <topic>\n", for topics already validated
+
+
+def _pub_head(topic: object) -> bytes:
+    head = _PUB_HEADS.get(topic) if type(topic) is str else None
+    if head is None:
+        head = b"PUB " + validate_topic(topic).encode("ascii") + b"\n"
+        if type(topic) is str:
+            if len(_PUB_HEADS) >= 1024:  # bounded: an application publishing to endless topics
+                _PUB_HEADS.clear()
+            _PUB_HEADS[topic] = head
+    return head
 
 
 def mpub(topic: str, bodies: Iterable[Body]) -> bytes:

@@ -12,6 +12,7 @@ giving_up) never runs under it, nor on a reader task.
 from __future__ import annotations
 
 import logging
+import operator
 import signal
 import threading
 import time
@@ -158,7 +159,8 @@ class Consumer:
             max_attempts=cfg.max_attempts,
             giving_up=giving_up,
             log=self.log,
-            is_stale=self._is_stale,
+            # a message whose connection closed before it started: C-level, once per message
+            is_stale=operator.attrgetter("_conn.closed"),
             on_skip=self._on_skip,
             on_gave_up=self._on_gave_up,
             finish_many=self._finish_many,
@@ -622,10 +624,6 @@ class Consumer:
         return conn.address in self._retiring and conn in self._close_waited and conn.in_flight == 0
 
     # ------------------------------------------------------------------ WorkerPool hooks
-
-    def _is_stale(self, message: Message) -> bool:
-        conn: NsqdConnection = message._conn  # type: ignore[assignment]
-        return conn.closed
 
     def _on_skip(self, message: Message) -> None:
         with self._lock:

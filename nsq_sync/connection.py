@@ -55,6 +55,10 @@ class ConnectionHandler(Protocol):
     def on_close(self, conn: NsqdConnection, error: BaseException | None) -> None: ...
 
 
+# nsqd's answer to a publish, as a whole frame: size 6, frame type 0 (response), "OK"
+_OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00" + OK
+
+
 class _Waiter:
     """One request waiting for its answer. ``event`` exists only when the requester waits for
     another task to read its answer; ``reader`` is set when it is handed the reading role."""
@@ -492,6 +496,11 @@ class NsqdConnection:
                         waiter.abandoned = True
                         raise ReadTimeout("no answer from nsqd within the timeout", self.address)
                     data = transport.recv(remaining)
+                    if data == _OK_FRAME and not decoder.buffered:
+                        # The common case, one whole OK alone in the read: what decoding it
+                        # would do (the oldest request is answered), without the decoder.
+                        self._answer(OK, None)
+                        continue
                     if not data:
                         raise ConnectionClosed("nsqd closed the connection", self.address)
                     decoder.receive_data(data)

@@ -341,20 +341,27 @@ def test_producer_survives_a_scripted_nsqd(parts: list[tuple[str, bytes]]) -> No
         assert outcome is None and fake.published == [b"payload"], outcome
 
 
-def test_producer_reports_a_stream_closed_before_any_answer() -> None:
-    """With a single nsqd that keeps closing the connection after PUB, publish raises a
-    PublishError about the closed connection within publish_timeout (it never hangs)."""
+def _publish_to_fake(script: Any, publish_timeout: float) -> tuple[PublishError, float, FakeNsqd]:
+    """Publish once through a FakeNsqd playing ``script`` on every connection; return the
+    PublishError raised, how long publish took, and the fake (for its connections)."""
     # (not one parenthesised "with": Python 3.9 does not officially support that syntax)
-    with FakeNsqd(lambda i: b"", mode="producer") as fake:
-        producer = Producer(fake.address, publish_timeout=1.0)
+    with FakeNsqd(lambda i: script, mode="producer") as fake:
+        producer = Producer(fake.address, publish_timeout=publish_timeout)
         t0 = time.monotonic()
         try:
             with pytest.raises(PublishError) as info:
                 producer.publish("fuzz", b"payload")
         finally:
             producer.close()
-        assert time.monotonic() - t0 < 2.5
-    assert isinstance(info.value.reason, ConnectionClosed), info.value.reason
+        return info.value, time.monotonic() - t0, fake
+
+
+def test_producer_reports_a_stream_closed_before_any_answer() -> None:
+    """With a single nsqd that keeps closing the connection after PUB, publish raises a
+    PublishError about the closed connection within publish_timeout (it never hangs)."""
+    error, took, fake = _publish_to_fake(b"", publish_timeout=1.0)
+    assert took < 2.5
+    assert isinstance(error.reason, ConnectionClosed), error.reason
     assert len(fake.connections) >= 2, "it retried on fresh connections until the deadline"
 
 
@@ -362,16 +369,8 @@ def test_producer_times_out_on_an_nsqd_that_never_answers() -> None:
     """nsqd accepts the PUB and says nothing (the fake waits for a NOP that a producer never
     sends): the read times out (SO_RCVTIMEO under threads, gevent's timer under gevent) and
     publish raises within publish_timeout instead of waiting for the fake to give up."""
-    with FakeNsqd(lambda i: [EXPECT_NOP], mode="producer") as fake:
-        producer = Producer(fake.address, publish_timeout=0.5)
-        t0 = time.monotonic()
-        try:
-            with pytest.raises(PublishError) as info:
-                producer.publish("fuzz", b"payload")
-        finally:
-            producer.close()
-        took = time.monotonic() - t0
-    assert isinstance(info.value.reason, ReadTimeout), info.value.reason
+    error, took, _ = _publish_to_fake([EXPECT_NOP], publish_timeout=0.5)
+    assert isinstance(error.reason, ReadTimeout), error.reason
     assert took < 3.0, f"publish took {took:.1f} s"  # the fake would have closed after 5 s
 
 

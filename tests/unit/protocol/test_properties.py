@@ -8,6 +8,7 @@ import math
 import re
 import struct
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,8 @@ from nsq_sync.protocol import (
     is_valid_name,
     validate_topic,
 )
+
+from .test_decoder import APIS, read_all
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -66,49 +69,28 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 # --------------------------------------------------------------------------- decoder
 
 
+@pytest.mark.parametrize("api", APIS)
 @FAST
 @given(
     items=st.lists(frames(), min_size=1, max_size=8),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=20),
 )
 def test_frames_round_trip_through_any_chunking(
-    items: list[tuple[bytes, Event]], cuts: list[int]
+    api: str, items: list[tuple[bytes, Event]], cuts: list[int]
 ) -> None:
+    """Through any chunking, both ways of reading (one event at a time, and the consumer's
+    runs of messages first) yield every event in order."""
     data = b"".join(encoded for encoded, _ in items)
     decoder = FrameDecoder()
     got: list[Event] = []
     for chunk in _split(data, cuts):
         decoder.receive_data(chunk)
-        got.extend(decoder.events())
+        got.extend(read_all(decoder, api))
         assert decoder.next_event() is NEED_DATA
     assert got == [event for _, event in items]
     assert decoder.buffered == 0
     decoder.receive_data(b"")
     assert decoder.next_event() is EOF
-
-
-@FAST
-@given(
-    items=st.lists(frames(), min_size=1, max_size=8),
-    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=20),
-)
-def test_next_messages_reads_what_events_reads(
-    items: list[tuple[bytes, Event]], cuts: list[int]
-) -> None:
-    """The consumer's fast path (runs of messages, then the next event) yields the same events
-    in the same order as next_event, through any chunking."""
-    data = b"".join(encoded for encoded, _ in items)
-    decoder = FrameDecoder()
-    got: list[Event] = []
-    for chunk in _split(data, cuts):
-        decoder.receive_data(chunk)
-        while True:
-            event = decoder.next_messages(got)  # type: ignore[arg-type]
-            if event is NEED_DATA:
-                break
-            got.append(event)  # type: ignore[arg-type]
-    assert got == [event for _, event in items]
-    assert decoder.buffered == 0
 
 
 @FAST

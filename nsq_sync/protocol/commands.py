@@ -153,10 +153,15 @@ def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
     t = validate_topic(topic)
     datas = to_bodies(bodies)
     pack = _U32.pack
-    parts = [pack(len(d)) + d for d in datas]  # [size][body] each
-    payload_size = 4 + sum(map(len, parts))
+    n = len(datas)
+    sizes = list(map(len, datas))
+    # [size][body] for each, interleaved by slice assignment (C-level, no per-body concat)
+    parts: list[bytes] = [b""] * (2 * n)
+    parts[0::2] = map(pack, sizes)
+    parts[1::2] = datas
+    payload_size = 4 + 4 * n + sum(sizes)
     # one join for the whole command: no copy of the (possibly large) payload per step
-    parts[:0] = (b"MPUB ", t.encode("ascii"), b"\n", pack(payload_size), pack(len(datas)))
+    parts[:0] = (b"MPUB ", t.encode("ascii"), b"\n", pack(payload_size), pack(n))
     return b"".join(parts)
 
 

@@ -166,13 +166,13 @@ class Producer:
                 over ``max_body_size``; nothing is sent.
             ServerError, PublishError, Stopped: as :meth:`publish`.
         """
-        validate_topic(topic)  # the topic's error first, as for publish
+        topic = validate_topic(topic)  # the topic's error first, as for publish
         datas = commands.to_bodies(bodies)
         limit = self.config.max_msg_size
         if limit is not None and max(map(len, datas)) > limit:
             for i, d in enumerate(datas):
                 self._check_size(len(d), i)  # raises for the first too large
-        data = commands.mpub(topic, datas)
+        data = commands.mpub_checked(topic, datas)
         limit = self.config.max_body_size
         if limit is not None and len(data) > limit:
             raise InvalidBody(f"MPUB batch of {len(data)} bytes exceeds max_body_size {limit}")

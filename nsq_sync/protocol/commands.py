@@ -150,8 +150,12 @@ def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
         InvalidName: bad topic.
         InvalidBody: no bodies, or one of them empty / of the wrong type.
     """
-    t = validate_topic(topic)
-    datas = to_bodies(bodies)
+    return mpub_checked(validate_topic(topic), to_bodies(bodies))
+
+
+def mpub_checked(topic: str, datas: list[bytes]) -> bytes:
+    """:func:`mpub` for a topic and bodies already validated (:func:`validate_topic`,
+    :func:`to_bodies`): the producer checks them once, for its size limits too."""
     pack = _U32.pack
     n = len(datas)
     sizes = list(map(len, datas))
@@ -161,7 +165,7 @@ def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
     parts[1::2] = datas
     payload_size = 4 + 4 * n + sum(sizes)
     # one join for the whole command: no copy of the (possibly large) payload per step
-    parts[:0] = (b"MPUB ", t.encode("ascii"), b"\n", pack(payload_size), pack(n))
+    parts[:0] = (b"MPUB ", topic.encode("ascii"), b"\n", pack(payload_size), pack(n))
     return b"".join(parts)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import sys
 from typing import Any
 
 from nsq_sync.errors import (
@@ -94,7 +95,7 @@ class Transport:
         # cooperative sockets keep their own timeouts.
         self._kernel_timeouts = (
             runtime.name == "threads"
-            and hasattr(socket, "SO_RCVTIMEO")
+            and sys.platform != "win32"  # (Windows takes milliseconds, not a struct timeval)
             and not type(sock).__module__.startswith("gevent")  # threads runtime, patched socket
         )
         self._rtimeout = read_timeout

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Mapping
 from types import TracebackType
@@ -36,6 +35,7 @@ from urllib.parse import urlencode
 
 import requests
 
+from nsq_sync import _fork
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
 
@@ -229,7 +229,8 @@ class HTTPClientBase:
             raise ConfigError(f"session: expected a requests.Session, got {session!r}")
         self._owns_session = session is None
         self._session = requests.Session() if session is None else session
-        self._pid = os.getpid()
+        _fork.install()
+        self._generation = _fork.generation
         self._closed = False
 
     # ------------------------------------------------------------------ public, shared
@@ -290,11 +291,11 @@ class HTTPClientBase:
     def _current_session(self) -> requests.Session:
         if self._closed:
             raise Stopped(f"{type(self).__name__} for {self._base_url} is closed")
-        if self._owns_session and self._pid != os.getpid():
+        if self._owns_session and self._generation != _fork.generation:
             # Forked: the inherited pool's sockets are shared with the parent. Drop the session
             # without closing it (closing could disturb the parent's TLS sessions) and start anew.
             self._session = requests.Session()
-            self._pid = os.getpid()
+            self._generation = _fork.generation
         return self._session
 
     def _request(

@@ -25,7 +25,7 @@ from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import ConnectionManager
-from nsq_sync.dispatch import FIN_HOLD, GiveUpHandler, Handler, WorkerPool
+from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
 from nsq_sync.errors import (
     AuthError,
     ConfigError,
@@ -151,7 +151,7 @@ class Consumer:
         self._retiring: set[str] = set()
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
-        self._flusher = Flusher(self.runtime, self.log, hold=FIN_HOLD)
+        self._flusher = Flusher(self.runtime, self.log)
         self._pool = WorkerPool(
             self.runtime,
             handler,
@@ -538,29 +538,16 @@ class Consumer:
         for conn, group in by_conn.items():
             n = len(group)
             with self._lock:
-                key = conn.address if self._conns.get(conn.address) is conn else None
-                quiet = self._rdy.finish_quietly(key, n)
+                quiet = self._rdy.finish_quietly(self._key(conn), n)
                 if quiet:
-                    conn.in_flight = max(0, conn.in_flight - n)
-                    self._counts["finished"] += n
-                    retired = self._drained(conn)
+                    retired = self._count_answered(conn, "finished", n)
             if not quiet:
                 for message in group:
                     self.finish(message)
                 continue
-            try:
-                # ids came from nsqd's own frames: always 16 bytes (commands.fin would check)
-                conn.send_deferred(b"".join([b"FIN %s\n" % message.id for message in group]))
-                conn.flush()
-            except NSQConnectionError:
-                self.log.warning(
-                    "could not tell nsqd %s that %d message(s) were finished (connection lost); "
-                    "nsqd will redeliver them",
-                    conn.address,
-                    n,
-                )
-            if retired:
-                conn.close()
+            # ids came from nsqd's own frames: always 16 bytes (commands.fin would check)
+            data = b"".join([b"FIN %s\n" % message.id for message in group])
+            self._write_answers(conn, data, "finished", n, retired, now=True)
 
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
@@ -593,23 +580,46 @@ class Consumer:
         buffered answers in batches (one system call for many messages under load).
         """
         with self._lock:
-            key = conn.address if self._conns.get(conn.address) is conn else None
+            key = self._key(conn)
             self._apply_and_wake(lambda: rdy_event(key))
-            if conn.in_flight > 0:
-                conn.in_flight -= 1
-            self._counts[what] += 1
-            retired = self._drained(conn)
+            retired = self._count_answered(conn, what, 1)
+        self._write_answers(conn, data, what, 1, retired, now=False)
+
+    def _key(self, conn: NsqdConnection) -> str | None:
+        """``conn``'s RDY key; None for a connection that was replaced since (caller holds
+        ``_lock``)."""
+        return conn.address if self._conns.get(conn.address) is conn else None
+
+    def _count_answered(self, conn: NsqdConnection, what: str, n: int) -> bool:
+        """Count ``n`` answers (``what``: "finished" or "requeued") of ``conn``'s messages;
+        True when that drained a retiring connection, which may close now (caller holds
+        ``_lock``)."""
+        conn.in_flight = max(0, conn.in_flight - n)
+        self._counts[what] += n
+        return self._drained(conn)
+
+    def _write_answers(
+        self, conn: NsqdConnection, data: bytes, what: str, n: int, retired: bool, now: bool
+    ) -> None:
+        """Send ``n`` answers' commands: ``now`` writes them from this task (a worker's batch),
+        otherwise they join the write buffer for the flusher. A drained retiring connection
+        closes after (writing what is buffered first)."""
         try:
-            if conn.send_deferred(data):
+            first = conn.send_deferred(data)  # True: the buffer was empty
+            if now:
+                conn.flush()
+            elif first:
                 self._flusher.schedule(conn)
         except NSQConnectionError:
             self.log.warning(
-                "could not tell nsqd %s the message was %s (connection lost); nsqd will redeliver it",
+                "could not tell nsqd %s that %d message(s) were %s (connection lost); "
+                "nsqd will redeliver them",
                 conn.address,
+                n,
                 what,
             )
         if retired:
-            conn.close()  # writes what is buffered first
+            conn.close()
 
     def _after_response(self, conn: NsqdConnection) -> None:
         """Close a retiring connection once nsqd said CLOSE_WAIT and nothing is in flight."""

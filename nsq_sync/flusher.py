@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from nsq_sync.dispatch import FIN_HOLD
 from nsq_sync.errors import NSQConnectionError
 
 
@@ -42,7 +43,10 @@ class Flusher:
     """
 
     def __init__(
-        self, runtime: Any, log: logging.Logger | logging.LoggerAdapter[Any], hold: float = 0.002
+        self,
+        runtime: Any,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        hold: float = FIN_HOLD,
     ) -> None:
         self.runtime = runtime
         self.log = log

@@ -20,12 +20,12 @@ touching the parent's sockets and dials new ones.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from nsq_sync import _fork
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
@@ -64,29 +64,6 @@ class _Slot:
         self.failures = 0
         self.retry_at = 0.0
         self.last_error: BaseException | None = None
-
-
-# Forks in this process's lineage: os.register_at_fork bumps it in every child. Each publish
-# compares it with its producer's copy (an int compare instead of a getpid() system call per
-# publish). The hook is installed by the first Producer, not at import.
-_fork_generation = 0
-_fork_hook_installed = False
-
-
-def _after_fork_in_child() -> None:
-    global _fork_generation
-    _fork_generation += 1
-
-
-def _install_fork_hook() -> bool:
-    """Install the fork counter once; False where os.register_at_fork does not exist."""
-    global _fork_hook_installed
-    if not hasattr(os, "register_at_fork"):
-        return False
-    if not _fork_hook_installed:
-        _fork_hook_installed = True
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-    return True
 
 
 class Producer:
@@ -129,12 +106,11 @@ class Producer:
         self.addresses = addresses
         self._closed = False
         self._rng = random.Random()
-        self._fork_hook = _install_fork_hook()
+        _fork.install()
         self._reset_state()
 
     def _reset_state(self) -> None:
-        self._pid = os.getpid()
-        self._generation = _fork_generation
+        self._generation = _fork.generation
         self._slots = [_Slot(a, self.runtime) for a in self.addresses]
         self._current = 0
         self._active: list[None] = []  # a token per publish in progress
@@ -204,7 +180,7 @@ class Producer:
         """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
         connections. Idempotent, thread-safe."""
         self._closed = True
-        if os.getpid() == self._pid:
+        if self._generation == _fork.generation:
             # Publishes in progress: poll briefly (only at close; a per-publish Event would cost
             # every publish a Condition round trip).
             deadline = time.monotonic() + timeout
@@ -238,7 +214,7 @@ class Producer:
     def _publish(self, data: bytes, timeout: float | None) -> None:
         if self._closed:
             raise Stopped("producer is closed")
-        if self._generation != _fork_generation if self._fork_hook else os.getpid() != self._pid:
+        if self._generation != _fork.generation:
             self._after_fork()
         # One token per publish in progress: list append/pop are atomic (no lock, whose
         # contended release costs a futex wake-up per publish when many threads publish).

@@ -98,15 +98,12 @@ class Transport:
             and sys.platform != "win32"  # (Windows takes milliseconds, not a struct timeval)
             and not type(sock).__module__.startswith("gevent")  # threads runtime, patched socket
         )
-        self._rtimeout = read_timeout
         if self._kernel_timeouts:
             sock.settimeout(None)  # blocking (both descriptors share the file status)
             self._wsock.settimeout(None)  # and no Python-level poll before each send
-            self._set_kernel_timeout(sock, socket.SO_RCVTIMEO, read_timeout)
-            self._set_kernel_timeout(sock, socket.SO_SNDTIMEO, write_timeout)
-        else:
-            sock.settimeout(read_timeout)
-            self._wsock.settimeout(write_timeout)
+        self._set_timeout(self._rsock, read_timeout)
+        self._set_timeout(self._wsock, write_timeout, write=True)
+        self._rtimeout = read_timeout
         # recv_into a reused buffer: recv(n) allocates n bytes per call (for 256 KiB an mmap,
         # an mremap to the size read and a munmap later, with fresh pages faulted in each time).
         # It starts small (an idle or publishing connection never needs more) and grows up to
@@ -115,10 +112,14 @@ class Transport:
         self._rview = memoryview(self._rbuf)
         self.read_timeout = read_timeout
 
-    @staticmethod
-    def _set_kernel_timeout(sock: Any, option: int, timeout: float) -> None:
+    def _set_timeout(self, sock: Any, timeout: float, write: bool = False) -> None:
+        """The read (or write) timeout, in the kernel or on the Python socket (see __init__)."""
+        if not self._kernel_timeouts:
+            sock.settimeout(timeout)
+            return
         seconds = max(timeout, 0.0001)
         sec = int(seconds)
+        option = socket.SO_SNDTIMEO if write else socket.SO_RCVTIMEO
         sock.setsockopt(
             socket.SOL_SOCKET, option, _TIMEVAL.pack(sec, max(1, int((seconds - sec) * 1e6)))
         )
@@ -199,10 +200,7 @@ class Transport:
             current = self._rtimeout
             if not timeout * 0.5 <= current <= timeout * 2:
                 self._rtimeout = current = max(timeout, 0.0001)
-                if self._kernel_timeouts:
-                    self._set_kernel_timeout(self._rsock, socket.SO_RCVTIMEO, current)
-                else:
-                    self._rsock.settimeout(current)
+                self._set_timeout(self._rsock, current)
         while True:
             raw = self._recv_raw()
             if not raw:

@@ -6,6 +6,7 @@ Durations are float seconds; they become integer milliseconds only here.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -129,18 +130,16 @@ def pub(topic: str, body: Body) -> bytes:
     return b"%s%s%s" % (head, _U32.pack(len(data)), data)
 
 
-_PUB_HEADS: dict[object, bytes] = {}  # topic -> b"PUB <topic>\n", for topics already validated
-
-
 def _pub_head(topic: object) -> bytes:
-    head = _PUB_HEADS.get(topic) if type(topic) is str else None
-    if head is None:
-        head = b"PUB " + validate_topic(topic).encode("ascii") + b"\n"
-        if type(topic) is str:
-            if len(_PUB_HEADS) >= 1024:  # bounded: an application publishing to endless topics
-                _PUB_HEADS.clear()
-            _PUB_HEADS[topic] = head
-    return head
+    """``b"PUB <topic>\n"``; a str topic's is cached once validated (a regex per publish)."""
+    if type(topic) is str:
+        return _pub_head_of(topic)
+    return _pub_head_of.__wrapped__(topic)
+
+
+@functools.lru_cache(maxsize=1024)  # bounded: an application may publish to endless topics
+def _pub_head_of(topic: object) -> bytes:
+    return b"PUB " + validate_topic(topic).encode("ascii") + b"\n"
 
 
 def mpub(topic: str, bodies: Iterable[Body]) -> bytes:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.nsq import wait_for
 
 from nsq_sync.dispatch import FIN_BATCH, WorkerPool
 from nsq_sync.errors import RequeueMessage
@@ -383,13 +383,6 @@ def test_handler_ending_its_worker_still_requeues_the_message() -> None:
     assert h.run(m) == [("requeue", m.id, 0.0, False)]
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        resolve_runtime("auto").sleep(0.001)
-
-
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_a_burst_is_finished_in_batches_in_order(concurrency: int) -> None:
     h = Harness(ok, concurrency=concurrency)
@@ -419,7 +412,7 @@ def test_a_long_handler_does_not_hold_back_the_fins_before_it() -> None:
 
     def handler(message: Message) -> None:
         if message.body == b"slow":
-            wait_until(lambda: ("finish", first.id) in h.responder.calls, "the first FIN")
+            wait_for(lambda: ("finish", first.id) in h.responder.calls, "the first FIN", TIMEOUT)
             seen_first_fin.append(True)
 
     h.handler = handler

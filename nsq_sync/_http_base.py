@@ -20,7 +20,8 @@ Both servers speak the same small HTTP dialect, so one base class owns what they
   envelope when one arrives.
 - Fork safety. A Session's pooled sockets inherited through ``fork()`` (gunicorn, celery, Spark
   workers) must not be used by parent and child at once, so a client that owns its Session starts
-  a fresh one when it finds itself in a new process (redis-py's ``_checkpid``).
+  a fresh one when it finds itself in a new process (redis-py's ``_checkpid``), exactly once per
+  process however many threads notice it (``nsq_sync._fork.PerProcess``).
 """
 
 from __future__ import annotations
@@ -205,6 +206,10 @@ def _error_text(body: str) -> str:
     return body.strip()[:200]
 
 
+def _drop(session: requests.Session) -> None:
+    """In a forked child: forget the parent's session (its sockets stay the parent's)."""
+
+
 class HTTPClientBase:
     """Base of :class:`~nsq_sync.http.NsqdHTTPClient` and :class:`~nsq_sync.lookupd.LookupdClient`.
 
@@ -228,9 +233,13 @@ class HTTPClientBase:
         if session is not None and not isinstance(session, requests.Session):
             raise ConfigError(f"session: expected a requests.Session, got {session!r}")
         self._owns_session = session is None
-        self._session = requests.Session() if session is None else session
-        _fork.install()
-        self._generation = _fork.generation
+        # A session of our own is per process (see nsq_sync._fork): a forked child builds its
+        # own on first use, once, and drops the inherited one without closing it (closing could
+        # disturb the parent's pooled sockets and TLS sessions). A caller's session is theirs.
+        self._sessions: _fork.PerProcess[requests.Session] | None = (
+            _fork.PerProcess(requests.Session, _drop) if session is None else None
+        )
+        self._session = session
         self._closed = False
 
     # ------------------------------------------------------------------ public, shared
@@ -264,8 +273,10 @@ class HTTPClientBase:
         if self._closed:
             return
         self._closed = True
-        if self._owns_session:
-            self._session.close()
+        if self._sessions is not None:
+            own = self._sessions.peek()  # only this process's; never the parent's
+            if own is not None:
+                own.close()
 
     def __enter__(self: _C) -> _C:
         return self
@@ -291,11 +302,9 @@ class HTTPClientBase:
     def _current_session(self) -> requests.Session:
         if self._closed:
             raise Stopped(f"{type(self).__name__} for {self._base_url} is closed")
-        if self._owns_session and self._generation != _fork.generation:
-            # Forked: the inherited pool's sockets are shared with the parent. Drop the session
-            # without closing it (closing could disturb the parent's TLS sessions) and start anew.
-            self._session = requests.Session()
-            self._generation = _fork.generation
+        if self._sessions is not None:
+            return self._sessions.get()
+        assert self._session is not None
         return self._session
 
     def _request(

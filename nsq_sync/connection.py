@@ -59,6 +59,12 @@ class ConnectionHandler(Protocol):
 _OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00" + OK
 
 
+class NotSent(ConnectionClosed):
+    """The command certainly did not take effect (safe to send elsewhere): the connection was
+    closed before it was written, or nsqd closed it after a fatal error to an earlier command
+    (nsqd executes nothing after such an error)."""
+
+
 class _Waiter:
     """One request waiting for its answer. ``event`` exists only when the requester waits for
     another task to read its answer; ``reader`` is set when it is handed the reading role."""
@@ -148,6 +154,7 @@ class NsqdConnection:
         self._closing = False
         self.closed = False
         self.close_error: BaseException | None = None
+        self._deadline: float | None = None  # of the handshake, when connect() was given one
         # Bookkeeping for the consumer, updated under the consumer's lock.
         self.in_flight = 0  # delivered, not yet FIN/REQ
         self.messages_received = 0
@@ -161,8 +168,14 @@ class NsqdConnection:
 
     # ------------------------------------------------------------------ handshake
 
-    def connect(self) -> IdentifyResult:
+    def connect(self, timeout: float | None = None) -> IdentifyResult:
         """Dial and run the handshake: magic, IDENTIFY, TLS, compression, AUTH.
+
+        Args:
+            timeout: seconds the whole of it may take (None: ``dial_timeout`` for the dial, then
+                ``read_timeout`` for each answer of the handshake). Every step is bounded by
+                what is left of it, so a server that accepts TCP and never answers costs at
+                most ``timeout``.
 
         Raises:
             NSQConnectionError: cannot connect, or the connection broke (ConnectTimeout,
@@ -173,10 +186,14 @@ class NsqdConnection:
             RemoteProtocolError: garbage from the peer (for example an HTTP port).
         """
         cfg = self.config
+        dial_timeout = cfg.dial_timeout
+        if timeout is not None:
+            self._deadline = time.monotonic() + timeout
+            dial_timeout = max(0.001, min(dial_timeout, timeout))
         self._transport = Transport(
             self.runtime,
             self.address,
-            dial_timeout=cfg.dial_timeout,
+            dial_timeout=dial_timeout,
             read_timeout=cfg.read_timeout,
             write_timeout=cfg.write_timeout,
         )
@@ -186,6 +203,8 @@ class NsqdConnection:
             self._transport.close()
             self.closed = True
             raise
+        finally:
+            self._deadline = None
         return self.identify
 
     def _handshake(self) -> None:
@@ -262,7 +281,12 @@ class NsqdConnection:
         while True:
             event = self._decoder.next_event()
             if event is NEED_DATA:
-                self._decoder.receive_data(self._transport.recv())
+                timeout = None
+                if self._deadline is not None:
+                    timeout = min(self.config.read_timeout, self._deadline - time.monotonic())
+                    if timeout <= 0:
+                        raise ReadTimeout("the handshake timed out", self.address)
+                self._decoder.receive_data(self._transport.recv(timeout))
                 continue
             if event is EOF:
                 raise ConnectionClosed(
@@ -349,6 +373,17 @@ class NsqdConnection:
         fatal = getattr(error, "fatal", True)
         if fatal and self._pending:
             self._answer(b"", error)
+            if self._reader is None:
+                # nsqd executes nothing after a fatal error and closes the connection: the
+                # requests behind this one certainly did not take effect (safe to send again).
+                self._close_transport()
+                self._fail_pending(
+                    NotSent(
+                        "nsqd closed the connection after a fatal error; this command was not "
+                        "executed",
+                        self.address,
+                    )
+                )
         elif self.handler is not None and isinstance(error, ServerError):
             self.handler.on_error(self, error)
         else:
@@ -431,16 +466,23 @@ class NsqdConnection:
         """Write a command and wait for *its* response (OK, or an error frame). Thread-safe;
         many threads may pipeline requests on one connection.
 
+        A timeout abandons only this request: the connection stays up, and the answer, if it
+        comes, is matched to this request (FIFO) and dropped. A write that fails (or times out)
+        closes the connection and fails every request waiting on it: a torn command would leave
+        the answers out of step with the requests.
+
         Raises:
             ServerError: nsqd answered with a (fatal) error frame for this command.
+            NotSent: the connection was closed before anything was written (nothing reached nsqd).
             ReadTimeout: no answer within ``timeout`` seconds (the outcome is unknown).
-            ConnectionClosed / NSQConnectionError: the connection broke before the answer.
+            ConnectionClosed / NSQConnectionError: the connection broke before the answer (the
+                outcome is unknown).
         """
         waiter = _Waiter()
         consumer_mode = self._reader is not None
         with self._request_lock:
             if self.closed or self._transport is None:
-                raise ConnectionClosed("connection is closed", self.address, by_server=False)
+                raise NotSent("connection is closed", self.address, by_server=False)
             if consumer_mode or self._reading:
                 waiter.event = self.runtime.signal()
             else:
@@ -495,7 +537,12 @@ class NsqdConnection:
                     if remaining <= 0:
                         waiter.abandoned = True
                         raise ReadTimeout("no answer from nsqd within the timeout", self.address)
-                    data = transport.recv(remaining)
+                    try:
+                        data = transport.recv(remaining)
+                    except ReadTimeout:
+                        if time.monotonic() < deadline:
+                            continue  # the socket's timeout may be shorter than ours (recv)
+                        raise
                     if data == _OK_FRAME and not decoder.buffered:
                         # The common case, one whole OK alone in the read: what decoding it
                         # would do (the oldest request is answered), without the decoder.

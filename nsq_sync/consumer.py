@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsq_sync import _fork
 from nsq_sync._http_base import parse_http_address
 from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config
@@ -184,6 +185,7 @@ class Consumer:
         self._connected = self.runtime.event()
         self._stopped_event = self.runtime.event()
         self._started = False
+        self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
         self._stopping = False
         self._rdy_task: Any = None
         self._counts = {"received": 0, "finished": 0, "requeued": 0, "gave_up": 0, "skipped": 0}
@@ -194,13 +196,16 @@ class Consumer:
         """Start workers, discovery and connections; returns at once.
 
         Raises:
-            Stopped: the consumer was stopped (consumers are not restartable).
+            Stopped: the consumer was stopped (consumers are not restartable), or it was
+                started in another process before a fork (start a new one in each process).
         """
+        self._check_process()
         if self._stopping:
             raise Stopped("consumer was stopped; create a new one")
         if self._started:
             return
         self._started = True
+        self._started_in = _fork.stamp()
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
         self._flusher.start(name, self._pool)
@@ -224,6 +229,13 @@ class Consumer:
                 signal.signal(sig, handler)
             self.stop()
 
+    def _check_process(self) -> None:
+        # A started consumer's threads do not survive a fork, and its sockets are the
+        # parent's: a clear error in the child instead of silent sharing.
+        message = _fork.started_elsewhere(self._started_in)
+        if message is not None:
+            raise Stopped(message)
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.log.info("signal %d received; stopping", signum)
         self._stopped_event.set()
@@ -236,7 +248,12 @@ class Consumer:
             True when everything in flight was answered before the deadline.
 
         Idempotent; later calls return at once.
+
+        Raises:
+            Stopped: called in a forked child of the process that started the consumer (its
+                connections are the parent's: nothing is sent on them from here).
         """
+        self._check_process()
         deadline = time.monotonic() + timeout
         with self._lock:
             if self._stopping:

@@ -45,6 +45,7 @@ __all__ = [
     "ProtocolError",
     "PubFailed",
     "PublishError",
+    "PublishOutcomeUnknown",
     "ReadTimeout",
     "RemoteProtocolError",
     "ReqFailed",
@@ -319,6 +320,17 @@ class PublishError(NSQError):
 
     def __str__(self) -> str:
         return f"{self.args[0]}: {self.reason!r}" if self.reason else str(self.args[0])
+
+
+class PublishOutcomeUnknown(PublishError):
+    """The command may or may not have reached nsqd: it was written, and then the connection
+    broke, the producer was closed, or the caller's ``timeout`` ran out before nsqd answered.
+
+    The producer does not resend such a command on its own (that is how duplicates happen);
+    catch this error to decide, or create the Producer with ``retry_unknown=True`` to have it
+    resent (at-least-once: nsqd may then hold the message twice). ``reason`` is the error that
+    cut the wait short.
+    """
 
 
 class HTTPAPIError(NSQError):

@@ -1,20 +1,37 @@
 """A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
 
 Each publish waits for *its own* answer: responses are matched in FIFO order per connection,
-so many threads pipeline through one connection without waiting for each other.
+so many threads pipeline through one connection without waiting for each other. A caller whose
+``timeout`` runs out abandons only its own wait: the connection stays up for the others, and the
+late answer is matched to the abandoned request and dropped.
 
 Failover: the producer sticks to one nsqd (the first that works, in the order given) and moves to
-the next one when a connection fails (refused, reset, timed out) or nsqd answers with a
+the next one when connecting fails (refused, reset, timed out) or nsqd answers with a
 *retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
 the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
 
-Duplicate risk: when a connection dies after a PUB was written but before its OK arrived, the
-outcome is unknown; the producer republishes on the next nsqd, so the message may be delivered
-twice (at-least-once). Make consumers idempotent, or disable failover with a single address.
+Reconnecting: one attempt at a time per nsqd, however many threads publish; a failed attempt
+counts once and backs the address off (exponentially, with jitter, up to
+``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
+:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause; the first
+publish after the backoff tries again, and the threads that arrive while it connects wait for
+that attempt (within their own timeout) instead of starting their own.
 
-Fork safety: the producer remembers the pid that created its connections. In a forked child
-(gunicorn, celery, Spark workers) the first publish drops the inherited connections without
-touching the parent's sockets and dials new ones.
+Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
+producer was closed or the caller's timeout ran out before the answer) is never sent again
+behind the caller's back: the publish raises :class:`~nsq_sync.errors.PublishOutcomeUnknown`
+(a PublishError). With ``retry_unknown=True`` the producer resends it on the next connection
+instead, within the same timeout: at-least-once, so nsqd may hold the message twice. Commands
+that certainly did not reach nsqd (connecting failed, nsqd answered with a retriable error) are
+always sent elsewhere.
+
+Fork safety: everything that must not cross a fork (the connections, their locks, the count of
+publishes in progress) lives in a per-process pool held by :class:`nsq_sync._fork.PerProcess`.
+In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the first publish
+builds the child's pool and drops the inherited one, closing only the child's copies of the
+parent's descriptors (never shutting the parent's sockets down) -- exactly once per process,
+however many threads of the child publish at once, and never touching a connection opened in
+the child (see that module for why this holds by construction).
 """
 
 from __future__ import annotations
@@ -27,14 +44,17 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync.config import Config
-from nsq_sync.connection import NsqdConnection
+from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.errors import (
     AuthError,
     ConfigError,
+    ConnectTimeout,
     InvalidBody,
     NSQConnectionError,
     ProtocolError,
     PublishError,
+    PublishOutcomeUnknown,
+    ReadTimeout,
     RemoteProtocolError,
     ServerError,
     Stopped,
@@ -53,7 +73,8 @@ __all__ = ["Producer"]
 
 
 class _Slot:
-    """One nsqd of the pool: its connection (if any) and its reconnect backoff."""
+    """One nsqd of the pool: its connection (if any) and its reconnect backoff. ``lock`` is held
+    while connecting, so there is one attempt at a time per address."""
 
     __slots__ = ("address", "conn", "lock", "failures", "retry_at", "last_error")
 
@@ -66,13 +87,40 @@ class _Slot:
         self.last_error: BaseException | None = None
 
 
+class _Pool:
+    """What one process of a producer owns: the slots, the preferred one and a token per
+    publish in progress (list append/pop are atomic: no lock on the publish path)."""
+
+    __slots__ = ("slots", "current", "active")
+
+    def __init__(self, addresses: list[str], runtime: Runtime) -> None:
+        self.slots = [_Slot(a, runtime) for a in addresses]
+        self.current = 0
+        self.active: list[None] = []
+
+
+def _abandon(pool: _Pool) -> None:
+    """In a forked child: drop the parent's connections, closing only our descriptors."""
+    for slot in pool.slots:
+        if slot.conn is not None:
+            slot.conn.abandon()
+
+
+class _Backoff(Exception):
+    """Internal: the slot is backing off (another thread's attempt just failed)."""
+
+
 class Producer:
-    """Publishes to nsqd over TCP. Thread-safe; a context manager.
+    """Publishes to nsqd over TCP. Thread-safe; fork-safe; a context manager.
 
     Args:
         nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference.
         config: a :class:`~nsq_sync.config.Config`; keyword ``overrides`` are applied on top.
         runtime: ``"auto"``, ``"threads"`` or ``"gevent"``.
+        retry_unknown: resend a command whose outcome is unknown (the connection broke after it
+            was written) on the next connection, within the publish's timeout. nsqd may then
+            hold it twice. False (the default): raise
+            :class:`~nsq_sync.errors.PublishOutcomeUnknown` and let the caller decide.
 
     Raises:
         ConfigError: no address, a malformed address, or an invalid option.
@@ -84,6 +132,7 @@ class Producer:
         config: Config | None = None,
         *,
         runtime: Any = "auto",
+        retry_unknown: bool = False,
         **overrides: Any,
     ) -> None:
         if isinstance(nsqd_tcp_addresses, str):
@@ -101,31 +150,40 @@ class Producer:
             raise ConfigError("Producer needs at least one nsqd TCP address")
         for address in addresses:
             parse_address(address)
+        if not isinstance(retry_unknown, bool):
+            raise ConfigError(f"retry_unknown must be True or False, got {retry_unknown!r}")
         self.config = (config or Config()).replace(**overrides)
         self.runtime: Runtime = resolve_runtime(runtime)
         self.addresses = addresses
+        self.retry_unknown = retry_unknown
         self._closed = False
         self._rng = random.Random()
-        _fork.install()
-        self._reset_state()
+        self._pool = _fork.PerProcess(lambda: _Pool(self.addresses, self.runtime), _abandon)
 
-    def _reset_state(self) -> None:
-        self._generation = _fork.generation
-        self._slots = [_Slot(a, self.runtime) for a in self.addresses]
-        self._current = 0
-        self._active: list[None] = []  # a token per publish in progress
+    @property
+    def _slots(self) -> list[_Slot]:
+        """This process's slots (tests look at the connections through them)."""
+        return self._pool.get().slots
 
     # ------------------------------------------------------------------ public API
 
     def publish(self, topic: str, body: Body, *, timeout: float | None = None) -> None:
         """PUB one message and wait for nsqd's OK. Thread-safe.
 
+        ``timeout`` (default ``publish_timeout``) bounds what the call waits for: connecting,
+        the handshake, and nsqd's answer. (A write in progress is bounded by ``write_timeout``:
+        cutting it short would tear the connection the other threads share.)
+
         Raises:
             InvalidName, InvalidBody: bad topic or body (empty, over ``max_msg_size``); nothing
                 is sent.
             ServerError: nsqd rejected it (E_BAD_TOPIC, E_BAD_MESSAGE, E_UNAUTHORIZED...).
-            PublishError: no nsqd accepted it (``reason`` holds the last error).
-            Stopped: the producer is closed.
+            PublishOutcomeUnknown: it was sent but no answer came (connection lost, producer
+                closed, timeout): nsqd may or may not hold it. Never resent unless
+                ``retry_unknown``.
+            PublishError: no nsqd accepted it (``reason`` holds the last error); at once while
+                every address is backing off after a failure.
+            Stopped: the producer is closed (nothing was sent).
         """
         data = commands.pub(topic, body)
         # "PUB " + topic + "\n" + 4-byte size precede the body
@@ -140,7 +198,7 @@ class Producer:
         Raises:
             InvalidName, InvalidBody: bad topic, no bodies, an empty or oversized body, or a batch
                 over ``max_body_size``; nothing is sent.
-            ServerError, PublishError, Stopped: as :meth:`publish`.
+            ServerError, PublishError, PublishOutcomeUnknown, Stopped: as :meth:`publish`.
         """
         topic = validate_topic(topic)  # the topic's error first, as for publish
         datas = commands.to_bodies(bodies)
@@ -161,7 +219,8 @@ class Producer:
 
         Raises:
             ConfigError: ``delay`` negative, not finite, or over ``max_defer``; nothing is sent.
-            InvalidName, InvalidBody, ServerError, PublishError, Stopped: as :meth:`publish`.
+            InvalidName, InvalidBody, ServerError, PublishError, PublishOutcomeUnknown, Stopped:
+                as :meth:`publish`.
         """
         if (
             isinstance(delay, bool)
@@ -178,20 +237,22 @@ class Producer:
 
     def close(self, timeout: float = 10.0) -> None:
         """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
-        connections. Idempotent, thread-safe."""
+        connections. No connection is opened after this; a publish still waiting for its answer
+        then raises :class:`~nsq_sync.errors.PublishOutcomeUnknown` ("producer closed").
+        Idempotent, thread-safe."""
         self._closed = True
-        if self._generation == _fork.generation:
-            # Publishes in progress: poll briefly (only at close; a per-publish Event would cost
-            # every publish a Condition round trip).
-            deadline = time.monotonic() + timeout
-            while self._active and time.monotonic() < deadline:
-                self.runtime.sleep(0.005)
-            for slot in self._slots:
-                # Take the connection first: another thread may be closing the producer too.
-                conn, slot.conn = slot.conn, None
-                if conn is not None:
-                    conn.close()
-                    conn.join(1.0)
+        pool = self._pool.get()
+        # Publishes in progress: poll briefly (only at close; a per-publish Event would cost
+        # every publish a Condition round trip).
+        deadline = time.monotonic() + timeout
+        while pool.active and time.monotonic() < deadline:
+            self.runtime.sleep(0.005)
+        for slot in pool.slots:
+            # Take the connection first: another thread may be closing the producer too.
+            conn, slot.conn = slot.conn, None
+            if conn is not None:
+                conn.close()
+                conn.join(1.0)
 
     def __enter__(self) -> Producer:
         return self
@@ -214,31 +275,36 @@ class Producer:
     def _publish(self, data: bytes, timeout: float | None) -> None:
         if self._closed:
             raise Stopped("producer is closed")
-        if self._generation != _fork.generation:
-            self._after_fork()
-        # One token per publish in progress: list append/pop are atomic (no lock, whose
-        # contended release costs a futex wake-up per publish when many threads publish).
-        self._active.append(None)
+        pool = self._pool.get()
+        pool.active.append(None)
         try:
             self._publish_with_failover(
-                data, self.config.publish_timeout if timeout is None else timeout
+                pool, data, self.config.publish_timeout if timeout is None else timeout
             )
         finally:
-            self._active.pop()
+            pool.active.pop()
 
-    def _publish_with_failover(self, data: bytes, timeout: float) -> None:
+    def _publish_with_failover(self, pool: _Pool, data: bytes, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last_error: BaseException | None = None
-        n = len(self._slots)
+        maybe_sent = False  # an earlier attempt wrote it and lost the answer (retry_unknown)
+        slots = pool.slots
+        n = len(slots)
         while True:
-            start = self._current
-            for k in range(n):
-                slot = self._slots[(start + k) % n]
-                if slot.retry_at and slot.retry_at > time.monotonic():
-                    continue
+            start = pool.current
+            # each nsqd, and once more for one whose connection was closed under us (NotSent)
+            for k in range(2 * n):
+                index = (start + k) % n
+                slot = slots[index]
+                if self._closed or time.monotonic() >= deadline:
+                    break
+                if slot.conn is None and slot.retry_at > time.monotonic():
+                    continue  # backing off
                 conn: NsqdConnection | None = None
+                sent = False
                 try:
-                    conn = self._connection(slot)
+                    conn = self._connection(slot, deadline)
+                    sent = True
                     answer = conn.request(data, max(0.001, deadline - time.monotonic()))
                     if answer != OK:
                         # nsqd answers a publish with OK or an error frame: anything else means
@@ -246,10 +312,30 @@ class Producer:
                         raise RemoteProtocolError(
                             f"nsqd answered a publish with {answer[:100]!r} instead of OK"
                         )
+                except _Backoff:
+                    continue
+                except NotSent:
+                    # Closed by another thread after we took it: nothing was written. Try this
+                    # address again (it reconnects, or is backing off).
+                    if slot.conn is conn:
+                        slot.conn = None
+                    continue
+                except ReadTimeout as exc:
+                    if not sent:
+                        last_error = exc
+                        self._mark_failed(slot, None, exc)
+                        continue
+                    # Our own deadline ran out waiting for the answer: only this request gives up;
+                    # the connection stays up for the others (its answer is matched and dropped).
+                    raise PublishOutcomeUnknown(
+                        f"no answer from nsqd {slot.address} within {timeout:g} s; the message may "
+                        "or may not have been published",
+                        exc,
+                    ) from None
                 except ServerError as exc:
                     if not exc.retriable:
                         raise
-                    last_error = exc
+                    last_error = exc  # nsqd answered: it did not take the message
                     self._mark_failed(slot, conn, exc)
                 except (ProtocolError, TLSError, AuthError) as exc:
                     # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a
@@ -258,41 +344,99 @@ class Producer:
                     # only repeat: do not hammer that address (fail over, or raise at once).
                     last_error = exc
                     self._mark_failed(slot, conn, exc, delay=self.config.reconnect_backoff_max)
+                    maybe_sent = self._unknown_if_sent(sent, slot, exc) or maybe_sent
                 except NSQConnectionError as exc:
                     last_error = exc
-                    self._mark_failed(slot, conn, exc)
+                    self._mark_failed(slot, conn if sent else None, exc)
+                    maybe_sent = self._unknown_if_sent(sent, slot, exc) or maybe_sent
                 else:
-                    self._current = (start + k) % n
+                    pool.current = index
                     return
-            remaining = deadline - time.monotonic()
-            next_try = min(s.retry_at for s in self._slots) - time.monotonic()
-            # Raise as soon as no nsqd can be tried again before the deadline: sleeping until
-            # the deadline first would only delay the same error.
-            if remaining <= 0 or next_try > remaining:
-                last_error = last_error or next(
-                    (s.last_error for s in self._slots if s.last_error), None
+            # retry_unknown: wait (within the deadline) for the first address to come back
+            if not (maybe_sent and not self._closed):
+                break
+            wait = min(s.retry_at for s in slots) - time.monotonic()
+            if wait >= deadline - time.monotonic():
+                break
+            if wait > 0:
+                self.runtime.sleep(wait)
+        if self._closed:
+            if maybe_sent:
+                raise PublishOutcomeUnknown(
+                    "producer closed before nsqd answered; the message may or may not have "
+                    "been published",
+                    last_error,
                 )
-                raise PublishError(
-                    f"publish failed on every nsqd ({', '.join(self.addresses)})", last_error
-                )
-            if next_try > 0:
-                self.runtime.sleep(min(next_try, remaining))
+            raise Stopped("producer closed before the message was sent")
+        message = f"publish failed on every nsqd ({', '.join(self.addresses)})"
+        if last_error is None:  # nothing tried: every address is backing off after a failure
+            last_error = next((s.last_error for s in slots if s.last_error), None)
+            wait = max(0.0, min(s.retry_at for s in slots) - time.monotonic())
+            message += f"; all backing off after failures, next attempt in {wait:.2f} s"
+        if maybe_sent:
+            raise PublishOutcomeUnknown(
+                message + "; an earlier attempt may have published it", last_error
+            )
+        raise PublishError(message, last_error)
 
-    def _connection(self, slot: _Slot) -> NsqdConnection:
+    def _unknown_if_sent(self, sent: bool, slot: _Slot, error: BaseException) -> bool:
+        """After a failure on ``slot``: raise PublishOutcomeUnknown if the command was written
+        and may not be resent; True if it was written (resent under ``retry_unknown``)."""
+        if not sent:
+            return False
+        if self._closed:
+            raise PublishOutcomeUnknown(
+                f"producer closed before nsqd {slot.address} answered; the message may or may "
+                "not have been published",
+                error,
+            ) from None
+        if not self.retry_unknown:
+            raise PublishOutcomeUnknown(
+                f"connection to nsqd {slot.address} lost before it answered; the message may "
+                "or may not have been published (not resent: retry_unknown is off)",
+                error,
+            ) from None
+        return True
+
+    def _connection(self, slot: _Slot, deadline: float) -> NsqdConnection:
         conn = slot.conn
         if conn is not None and not conn.closed:
             return conn
-        with slot.lock:
+        # One attempt at a time per address: the others wait for it (within their deadline)
+        # and use its connection, or see its failure as the slot's backoff.
+        if not slot.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise ConnectTimeout(
+                "timed out waiting for another thread's connection attempt", slot.address
+            )
+        try:
             conn = slot.conn
             if conn is not None and not conn.closed:
                 return conn
+            if self._closed:
+                raise Stopped("producer is closed")
+            if slot.retry_at > time.monotonic():
+                raise _Backoff()
             conn = NsqdConnection(slot.address, self.config, runtime=self.runtime, heartbeats=False)
-            conn.connect()
+            try:
+                conn.connect(max(0.001, deadline - time.monotonic()))
+            except (NSQConnectionError, ProtocolError, ServerError) as exc:
+                # counted here, once per attempt (not once per waiting thread)
+                delay = None
+                if isinstance(exc, (ProtocolError, TLSError, AuthError)):
+                    delay = self.config.reconnect_backoff_max
+                self._back_off(slot, exc, delay)
+                raise
             slot.conn = conn
+            if self._closed:  # close() ran meanwhile: it may have missed this connection
+                slot.conn = None
+                conn.close()
+                raise Stopped("producer is closed")
             slot.failures = 0
             slot.retry_at = 0.0
             log.debug("producer connected to %s", slot.address)
             return conn
+        finally:
+            slot.lock.release()
 
     def _mark_failed(
         self,
@@ -301,12 +445,22 @@ class Producer:
         error: BaseException,
         delay: float | None = None,
     ) -> None:
-        """Back off from ``slot`` after ``error`` on ``conn`` (None: connecting failed)."""
-        if conn is not None and slot.conn is not conn:
-            # Another thread using the same connection already handled its failure (and maybe
-            # connected again): counting it twice would inflate the backoff, and closing the
-            # slot's new connection would fail the requests waiting on it.
+        """After ``error`` on ``conn`` (None: the attempt was already counted by _connection)."""
+        if conn is None or slot.conn is not conn:
+            # Connecting failed (counted where it failed), or another thread using the same
+            # connection already handled its failure (and maybe connected again): counting it
+            # twice would inflate the backoff, and closing the slot's new connection would
+            # fail the requests waiting on it.
             return
+        slot.conn = None
+        if not conn.closed:
+            # An error frame: start afresh. A connection that is already closed is left alone:
+            # its reader may still be delivering answers nsqd sent before it closed (OKs other
+            # threads are waiting for).
+            conn.close()
+        self._back_off(slot, error, delay)
+
+    def _back_off(self, slot: _Slot, error: BaseException, delay: float | None) -> None:
         slot.last_error = error
         slot.failures += 1
         if delay is None:
@@ -315,18 +469,4 @@ class Producer:
             delay = min(cap, 0.05 * (2 ** min(slot.failures - 1, 16)))
             delay *= 0.5 + self._rng.random() / 2
         slot.retry_at = time.monotonic() + delay
-        slot.conn = None
-        if conn is not None and not conn.closed:
-            # A timeout (outcome unknown) or an error frame: start afresh. A connection that is
-            # already closed is left alone: its reader may still be delivering answers that
-            # nsqd sent before it closed (OKs other threads are waiting for).
-            conn.close()
         log.warning("nsqd %s failed (%s); retrying it in %.2f s", slot.address, error, delay)
-
-    def _after_fork(self) -> None:
-        # The child inherited the parent's sockets (and maybe locks held by threads that no
-        # longer exist). Close only our copies of the descriptors, never shut the sockets down.
-        for slot in self._slots:
-            if slot.conn is not None:
-                slot.conn.abandon()
-        self._reset_state()

@@ -195,10 +195,11 @@ class Transport:
             data, self._pending_plain = self._pending_plain, b""
             return data
         if timeout is not None:
-            # settimeout() is a system call: skip it while the current value is within a factor
-            # of two of the one asked for (a publish deadline may overshoot by at most that).
+            # settimeout() is a system call: skip it while the current value is between half
+            # and 110 % of the one asked for (a caller's deadline is overshot by at most 10 %;
+            # a shorter socket timeout is retried by the caller until its deadline).
             current = self._rtimeout
-            if not timeout * 0.5 <= current <= timeout * 2:
+            if not timeout * 0.5 <= current <= timeout * 1.1:
                 self._rtimeout = current = max(timeout, 0.0001)
                 self._set_timeout(self._rsock, current)
         while True:
@@ -260,7 +261,13 @@ class Transport:
         self.drain()
 
     def drain(self) -> None:
-        """As the writer: write the buffer until it is empty, then give up the role."""
+        """As the writer: write the buffer until it is empty, then give up the role.
+
+        A write that times out (or fails locally) closes the transport: part of a command may have been
+        written, so nothing more may follow on this stream (nsqd would read garbage, and the
+        answers would no longer match the commands). Commands buffered by other tasks are
+        dropped with it; the owner of the connection fails everything waiting on it.
+        """
         try:
             while True:
                 with self._buf_lock:
@@ -272,7 +279,11 @@ class Transport:
                     buf.clear()
                 with self._write_lock:
                     self._send_locked(data)
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, ConnectionClosed):
+                # (ConnectionClosed: the peer closed or reset it, so every later write fails
+                # too; the socket stays open for the answers nsqd sent before it closed.)
+                self.close()  # before giving up the role: nothing may follow a torn write
             with self._buf_lock:
                 self._writing = False
                 self._buf.clear()

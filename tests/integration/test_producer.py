@@ -37,6 +37,7 @@ from nsq_sync.errors import (
     InvalidName,
     NSQError,
     PublishError,
+    PublishOutcomeUnknown,
     RemoteProtocolError,
     Stopped,
     TLSError,
@@ -353,18 +354,23 @@ def test_eight_threads_share_one_producer(nsqd: NsqdProcess, topic: str, runtime
 # -------------------------------------------------------------------------------------- failover
 
 
+@pytest.mark.parametrize("retry_unknown", [False, True], ids=["no-resend", "retry_unknown"])
 @pytest.mark.parametrize("publishers", [1, 4])
 def test_failover_when_first_nsqd_stops(
-    nsqd_factory: Any, topic: str, record_property: Any, publishers: int
+    nsqd_factory: Any, topic: str, record_property: Any, publishers: int, retry_unknown: bool
 ) -> None:
     """nsqd flags: none (two fresh nsqds; the first is stopped with SIGTERM mid-run, then
-    restarted on the same data path to count what it had persisted)."""
+    restarted on the same data path to count what it had persisted).
+
+    By default a PUB in flight when the first nsqd goes away raises PublishOutcomeUnknown and
+    is never resent (no duplicate caused by the client); with ``retry_unknown=True`` it is
+    resent on the second nsqd (no error, at most one duplicate per publisher)."""
     first, second = nsqd_factory(), nsqd_factory()
     succeeded: list[bytes] = []
     failed: list[tuple[bytes, BaseException]] = []
     stop = threading.Event()
 
-    with Producer([first.tcp_address, second.tcp_address]) as producer:
+    with Producer([first.tcp_address, second.tcp_address], retry_unknown=retry_unknown) as producer:
 
         def publish_forever(n: int) -> None:
             i = 0
@@ -397,7 +403,12 @@ def test_failover_when_first_nsqd_stops(
                 thread.join(30)
         assert not any(thread.is_alive() for thread in threads)
 
-    assert failed == [], f"{len(failed)} publishes raised: {failed[:3]}"
+    if retry_unknown:
+        assert failed == [], f"{len(failed)} publishes raised: {failed[:3]}"
+    else:
+        # at most the PUB each publisher had in flight, each saying the outcome is unknown
+        assert len(failed) <= publishers, failed
+        assert all(isinstance(exc, PublishOutcomeUnknown) for _, exc in failed), failed
     on_second = message_count(second.http_address, topic)
     assert on_second >= 300
     first.restart()
@@ -411,8 +422,12 @@ def test_failover_when_first_nsqd_stops(
         f"{on_first} on first + {on_second} on second, {duplicates} duplicate(s)"
     )
     assert total >= len(succeeded), "an acknowledged message was lost"
-    # Only a PUB in flight when the first nsqd went away can be published twice.
-    assert duplicates <= publishers
+    if retry_unknown:
+        # Only a PUB in flight when the first nsqd went away can be published twice.
+        assert duplicates <= publishers
+    else:
+        # nothing resent: nsqd holds the acknowledged bodies plus at most the unknown ones
+        assert duplicates <= len(failed)
 
 
 # ------------------------------------------------------------------------------------------ fork

@@ -9,6 +9,8 @@
         proxy.throttle(64 * 1024)   # bytes per second, each direction
         proxy.truncate(100)  # forward 100 more bytes nsqd -> client, then cut
         proxy.refuse()       # close new connections at once (accept()), until resume()
+        proxy.hold(0.2)      # while nsqd is down, keep each new connection 0.2 s before closing
+                             # it (as HAProxy or Envoy do while they retry the backend)
 
 Only loopback. Every pump blocks with a short timeout so stop() is bounded; nothing here sleeps
 for a fixed time except the delay/throttle the test asked for.
@@ -63,6 +65,7 @@ class FaultProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._refusing = False
+        self._hold = 0.0
         self._delay = 0.0
         self._rate: float | None = None
         self._truncate_left: int | None = None
@@ -90,6 +93,7 @@ class FaultProxy:
     def resume(self) -> None:
         """Undo stall(), refuse(), delay(), throttle()."""
         self._refusing = False
+        self._hold = 0.0
         self._delay = 0.0
         self._rate = None
         self._flowing.set()
@@ -103,6 +107,11 @@ class FaultProxy:
     def truncate(self, nbytes: int) -> None:
         """Forward ``nbytes`` more bytes from nsqd to clients, then cut (mid-frame)."""
         self._truncate_left = nbytes
+
+    def hold(self, seconds: float) -> None:
+        """When nsqd cannot be reached, keep the client's connection open ``seconds`` before
+        closing it (instead of closing it at once). Stays on until resume()."""
+        self._hold = seconds
 
     def refuse(self) -> None:
         """Close new connections as soon as they are accepted."""
@@ -153,7 +162,10 @@ class FaultProxy:
             try:
                 upstream = socket.create_connection(self.upstream, timeout=2.0)
             except OSError:
-                _Pair(client, client).reset()
+                if self._hold:
+                    self._spawn(self._close_later, "hold", client, self._hold)
+                else:
+                    _Pair(client, client).reset()
                 continue
             for sock in (client, upstream):
                 sock.settimeout(10.0)  # bounds a sendall to a peer that stopped reading
@@ -163,6 +175,10 @@ class FaultProxy:
                 self._pairs.append(pair)
             self._spawn(self._pump, "up", pair, client, upstream, False)
             self._spawn(self._pump, "down", pair, upstream, client, True)
+
+    def _close_later(self, client: socket.socket, seconds: float) -> None:
+        self._stopped.wait(seconds)  # (the fault the test asked for; close() cuts it short)
+        _Pair(client, client).reset()
 
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, downstream: bool) -> None:
         while not pair.closed.is_set() and not self._stopped.is_set():

@@ -6,12 +6,14 @@ import faulthandler
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import ServerError
 from nsq_sync.http import NsqdHTTPClient
+from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "free_closed_port",
     "message_count",
     "producer_clients",
+    "read_bodies",
     "topic_depth",
     "wait_for",
 ]
@@ -81,6 +84,30 @@ def producer_clients(http_address: str) -> list[dict[str, Any]]:
     """nsqd's /stats ``producers``: every live client connection that has published."""
     with NsqdHTTPClient(http_address) as client:
         return list(client.stats(include_clients=True).get("producers") or [])
+
+
+def read_bodies(
+    tcp_address: str, http_address: str, topic: str, timeout: float = DEFAULT_TIMEOUT
+) -> Counter[bytes]:
+    """Every body nsqd holds for ``topic`` (with how many times it holds it), read back over a
+    plain subscription on a fresh channel. Read this once, after publishing ended, while the
+    topic has no channel yet: nsqd keeps every message in the topic (its depth, which survives
+    a restart) and hands them all to the first channel."""
+    expected = topic_depth(http_address, topic)
+    collector = Collector()
+    conn = NsqdConnection(tcp_address, handler=collector)
+    conn.connect()
+    try:
+        conn.subscribe(topic, "read_bodies")
+        conn.start_reader()
+        conn.send(commands.rdy(2500))
+        frames = collector.wait_messages(expected, timeout)
+        for frame in frames:
+            conn.send(commands.fin(frame.id))
+    finally:
+        conn.close()
+        conn.join(5.0)
+    return Counter(frame.body for frame in frames)
 
 
 class Collector:

@@ -1,0 +1,623 @@
+"""Fork safety under the worker models users run (issue 19): a Producer (and an HTTP client) made
+before a fork and then used by several threads of each child at once.
+
+Every test counts by message body against a real nsqd: every publish returns OK or raises an
+NSQError, nsqd holds every acknowledged body exactly once and nothing else, and while the
+processes are alive nsqd's /stats shows one producer connection per process.
+
+Python 3.12+ warns (DeprecationWarning) when a process with threads forks, because locks held by
+other threads are copied locked into the child. The Producer never uses such a lock in the child
+(nsq_sync._fork builds the child's state under a lock made in the child), so the tests silence
+that warning around their own forks, deliberately and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from support.nsq import free_closed_port, read_bodies, wait_for
+
+from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
+from nsq_sync.errors import NSQError, Stopped
+from nsq_sync.testing import NsqdProcess
+
+pytestmark = pytest.mark.integration
+
+THREADS = 8
+PER_THREAD = 5
+ROUNDS = 10  # x CHILDREN = the forks of the bare-fork test (50)
+CHILDREN = 5
+CHILD_TIMEOUT = 60.0
+
+
+def _fork() -> int:
+    with warnings.catch_warnings():
+        # 3.12+: "This process is multi-threaded, use of fork() may lead to deadlocks in the
+        # child" -- the situation under test (see the module docstring).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _waitpid(pid: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"forked child {pid} did not exit within {timeout} s")
+        time.sleep(0.02)
+
+
+def _read_report(fd: int, timeout: float) -> bytes:
+    """Read one ``<length>\n<data>`` report (b"" when the child closed without one)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while True:
+        head, newline, rest = data.partition(b"\n")
+        if newline and len(rest) >= int(head):
+            return rest
+        left = deadline - time.monotonic()
+        readable, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not readable:
+            raise AssertionError(f"no report from a child within {timeout} s")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b""
+        data += chunk
+
+
+class Child:
+    """A forked child running ``work()``; it reports the result (JSON) and then waits for the
+    parent's go before it closes and exits, so the parent can look at /stats meanwhile."""
+
+    #: the parent's ends of every live child's pipes: a child closes its copies at once, or a
+    #: sibling's go pipe would never see EOF while this child lives
+    _parent_fds: set[int] = set()
+
+    def __init__(self, work: Callable[[], dict[str, Any]], finish: Callable[[], None]) -> None:
+        report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = _fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe and exit status
+            code = 2
+            try:
+                for fd in Child._parent_fds | {report_r, go_w}:
+                    os.close(fd)
+                data = json.dumps(work()).encode()
+                data = b"%d\n" % len(data) + data  # (under gevent, EOF may come only at exit)
+                while data:
+                    data = data[os.write(report_w, data) :]
+                os.close(report_w)
+                select.select([go_r], [], [], CHILD_TIMEOUT)
+                finish()
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(report_w)
+        os.close(go_r)
+        Child._parent_fds |= {report_r, go_w}
+        self.pid = pid
+        self._report = report_r
+        self._go = go_w
+
+    def result(self) -> dict[str, Any]:
+        try:
+            data = _read_report(self._report, CHILD_TIMEOUT)
+        finally:
+            os.close(self._report)
+            Child._parent_fds.discard(self._report)
+        assert data, f"child {self.pid} reported nothing (it failed: see its stderr)"
+        return json.loads(data)  # type: ignore[no-any-return]
+
+    def finish(self) -> int:
+        os.close(self._go)
+        Child._parent_fds.discard(self._go)
+        return _waitpid(self.pid, CHILD_TIMEOUT)
+
+
+def publish_from_threads(
+    producer: Producer,
+    topic: str,
+    prefix: str,
+    threads: int = THREADS,
+    per_thread: int = PER_THREAD,
+) -> dict[str, Any]:
+    """``threads`` threads start at once (a barrier) and publish ``per_thread`` bodies each.
+    Returns the acknowledged bodies and every error (flagging any that is not an NSQError)."""
+    ok: list[str] = []
+    errors: list[str] = []
+    barrier = threading.Barrier(threads)
+
+    def worker(t: int) -> None:
+        barrier.wait(CHILD_TIMEOUT)
+        for i in range(per_thread):
+            body = f"{prefix}-t{t}-{i}"
+            try:
+                producer.publish(topic, body.encode())
+            except NSQError as exc:
+                errors.append(repr(exc))
+            except BaseException as exc:
+                errors.append(f"NOT AN NSQError: {exc!r}")
+            else:
+                ok.append(body)
+
+    workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(CHILD_TIMEOUT)
+    hung = sum(w.is_alive() for w in workers)
+    return {"pid": os.getpid(), "ok": ok, "errors": errors, "hung": hung}
+
+
+def producer_connections(http_address: str, topic: str) -> list[int]:
+    """The publish count of every live connection that published to ``topic``."""
+    with NsqdHTTPClient(http_address) as client:
+        producers = client.stats(include_clients=True).get("producers") or []
+    counts = []
+    for p in producers:
+        for stat in p.get("pub_counts") or []:
+            if stat.get("topic") == topic:
+                counts.append(int(stat["count"]))
+    return counts
+
+
+def wait_for_connections(server: NsqdProcess, topic: str, expected: int) -> int:
+    """Wait until nsqd's /stats lists ``expected`` live connections that published to
+    ``topic`` (closed ones take a moment to leave); fails naming the last count."""
+    seen: list[list[int]] = [[]]
+
+    def match() -> bool:
+        seen[0] = producer_connections(server.http_address, topic)
+        return len(seen[0]) == expected
+
+    try:
+        wait_for(match, f"{expected} producer connections", timeout=15.0)
+    except AssertionError:
+        raise AssertionError(
+            f"nsqd lists {len(seen[0])} producer connections for the topic, not {expected}: "
+            f"{seen[0]}"
+        ) from None
+    return expected
+
+
+def check_results(results: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    acked: list[str] = []
+    errors: list[str] = []
+    for result in results:
+        assert result["hung"] == 0, result
+        bad = [e for e in result["errors"] if e.startswith("NOT AN NSQError")]
+        assert not bad, bad
+        acked += result["ok"]
+        errors += result["errors"]
+    return acked, errors
+
+
+def check_bodies(server: NsqdProcess, topic: str, acked: list[str], attempted: set[str]) -> Counter:
+    bodies = read_bodies(server.tcp_address, server.http_address, topic, timeout=60.0)
+    held = Counter({body.decode(): n for body, n in bodies.items()})
+    not_once = [b for b in acked if held[b] != 1]
+    assert not not_once, f"acknowledged bodies not held exactly once: {not_once[:5]}"
+    extra = set(held) - attempted
+    assert not extra, f"bodies nobody published: {sorted(extra)[:5]}"
+    assert max(held.values()) == 1, [b for b, n in held.items() if n > 1][:5]
+    return held
+
+
+# ------------------------------------------------------------------ bare os.fork(), 50 children
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_bare_fork_children_publish_from_eight_threads(
+    nsqd_factory: Any, topic: str, record_property: Any
+) -> None:
+    """nsqd flags: none (a fresh nsqd). 10 rounds: the parent publishes (so its connection is
+    live at the fork), forks 5 children, and in each child 8 threads start at once and publish
+    5 bodies each."""
+    server: NsqdProcess = nsqd_factory()
+    attempted: set[str] = set()
+    results: list[dict[str, Any]] = []
+    forks = 0
+    with Producer(server.tcp_address) as producer:
+        for r in range(ROUNDS):
+            parent_body = f"parent-r{r}"
+            producer.publish(topic, parent_body.encode())
+            attempted.add(parent_body)
+            results.append({"ok": [parent_body], "errors": [], "hung": 0})
+            children = []
+            for c in range(CHILDREN):
+                prefix = f"r{r}-c{c}"
+                attempted.update(
+                    f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD)
+                )
+                children.append(
+                    Child(
+                        lambda prefix=prefix: publish_from_threads(producer, topic, prefix),
+                        producer.close,
+                    )
+                )
+                forks += 1
+            round_results = [child.result() for child in children]
+            # One connection per process: the parent's and one per child (not shared, not two;
+            # the last round's children may still be leaving nsqd's /stats).
+            connections = wait_for_connections(server, topic, 1 + CHILDREN)
+            exit_codes = [child.finish() for child in children]
+            assert exit_codes == [0] * CHILDREN
+            assert connections == 1 + CHILDREN
+            results += round_results
+            # the parent's connection survived every child (it was never shut down by one)
+            assert producer._slots[0].conn is not None and not producer._slots[0].conn.closed
+    acked, errors = check_results(results)
+    held = check_bodies(server, topic, acked, attempted)
+    record_property("fork_children", forks)
+    record_property("fork_acked", len(acked))
+    record_property("fork_errors", len(errors))
+    print(
+        f"bare fork: {forks} children x {THREADS} threads: {len(acked)} acked, "
+        f"{len(errors)} errors, {sum(held.values())} held by nsqd, 0 duplicates"
+    )
+    assert forks >= 50
+    assert not errors, errors[:5]
+
+
+# ------------------------------------------------------------------ the parent keeps publishing
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_fork_while_the_parent_publishes_on_other_threads(
+    nsqd_factory: Any, topic: str, runtime_mode: str
+) -> None:
+    """nsqd flags: none. The parent publishes from 4 threads without pause while it forks 5
+    children one after another; each child publishes from 8 threads at once.
+
+    Not under gevent: there "threads" are greenlets, and fork() copies every greenlet into the
+    child, where the ones that were waiting on a socket resume on the parent's connection (gevent
+    documents that a process must fork before it starts greenlets that do I/O; gunicorn's gevent
+    worker does so)."""
+    if runtime_mode == "gevent":
+        pytest.skip("gevent copies the parent's running greenlets into the child (see docstring)")
+    server: NsqdProcess = nsqd_factory()
+    lock = threading.Lock()
+    parent_ok: list[str] = []
+    parent_errors: list[str] = []
+    attempted: set[str] = set()
+    stop = threading.Event()
+    with Producer(server.tcp_address) as producer:
+
+        def parent_loop(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                body = f"parent-{n}-{i}"
+                i += 1
+                with lock:
+                    attempted.add(body)
+                try:
+                    producer.publish(topic, body.encode())
+                except NSQError as exc:
+                    with lock:
+                        parent_errors.append(repr(exc))
+                else:
+                    with lock:
+                        parent_ok.append(body)
+
+        threads = [threading.Thread(target=parent_loop, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        children = []
+        try:
+            wait_for(lambda: len(parent_ok) >= 100, "the parent publishing")
+            for c in range(5):
+                prefix = f"c{c}"
+                attempted.update(
+                    f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD)
+                )
+                children.append(
+                    Child(
+                        lambda prefix=prefix: publish_from_threads(producer, topic, prefix),
+                        producer.close,
+                    )
+                )
+                at = len(parent_ok)
+                wait_for(lambda at=at: len(parent_ok) >= at + 20, "the parent still publishing")
+            results = [child.result() for child in children]
+            wait_for_connections(server, topic, 1 + len(children))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30.0)
+            codes = [child.finish() for child in children]
+        assert codes == [0] * len(children)
+    acked, errors = check_results(results + [{"ok": parent_ok, "errors": parent_errors, "hung": 0}])
+    check_bodies(server, topic, acked, attempted)
+    assert not errors, errors[:5]
+
+
+# ------------------------------------------------------------------ multiprocessing pool
+
+_POOL_PRODUCER: Producer | None = None
+_POOL_TOPIC = ""
+
+
+def _pool_task(task: int) -> dict[str, Any]:
+    assert _POOL_PRODUCER is not None  # inherited through fork
+    return publish_from_threads(_POOL_PRODUCER, _POOL_TOPIC, f"task{task}", threads=4)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_multiprocessing_fork_pool_tasks_publish_from_threads(
+    nsqd_factory: Any, topic: str, runtime_mode: str
+) -> None:
+    """nsqd flags: none. A Producer made (and connected) in the parent; a 3-process pool with
+    the fork start method runs 12 tasks, each publishing from 4 threads at once.
+
+    Not under gevent: multiprocessing's pool runs its own helper threads (greenlets under
+    monkey patching) and forks while they run (see the previous test)."""
+    if runtime_mode == "gevent":
+        pytest.skip("multiprocessing forks while its helper greenlets run (see docstring)")
+    global _POOL_PRODUCER, _POOL_TOPIC
+    server: NsqdProcess = nsqd_factory()
+    _POOL_TOPIC = topic
+    _POOL_PRODUCER = producer = Producer(server.tcp_address)
+    try:
+        producer.publish(topic, b"parent")
+        context = multiprocessing.get_context("fork")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+            pool = context.Pool(3)
+        try:
+            results = pool.map(_pool_task, range(12), chunksize=1)
+            pids = {r["pid"] for r in results}
+            # the parent's connection, and one per worker process that ran a task
+            wait_for_connections(server, topic, 1 + len(pids))
+        finally:
+            pool.close()
+            pool.join()
+    finally:
+        producer.close()
+        _POOL_PRODUCER = None
+    attempted = {"parent"} | {
+        f"task{k}-t{t}-{i}" for k in range(12) for t in range(4) for i in range(5)
+    }
+    acked, errors = check_results(results + [{"ok": ["parent"], "errors": [], "hung": 0}])
+    check_bodies(server, topic, acked, attempted)
+    assert not errors, errors[:5]
+    assert len(acked) == len(attempted)
+
+
+# ------------------------------------------------------------------ gunicorn --preload gthread
+
+
+@pytest.fixture
+def gunicorn_app(
+    nsqd_factory: Any, topic: str
+) -> Iterator[tuple[str, NsqdProcess, subprocess.Popen[bytes]]]:
+    pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
+    server: NsqdProcess = nsqd_factory()
+    port = free_closed_port()
+    env = dict(os.environ, NSQD_TCP_ADDRESS=server.tcp_address, NSQ_TOPIC=topic)
+    env.pop("NSQ_SYNC_TEST_RUNTIME", None)  # the app runs on plain threads (gthread)
+    support = Path(__file__).resolve().parent.parent / "support"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--preload",
+            "-k",
+            "gthread",
+            "--threads",
+            "8",
+            "--workers",
+            "2",
+            "--worker-connections",
+            "8",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--chdir",
+            str(support),
+            "--graceful-timeout",
+            "5",
+            "fork_app:app",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}/"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"gunicorn exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+        try:
+            return requests.get(url, params={"body": "probe"}, timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(up, "gunicorn answering", timeout=30.0)
+        yield url, server, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_gunicorn_preload_gthread_workers_publish(
+    gunicorn_app: tuple[str, NsqdProcess, subprocess.Popen[bytes]], topic: str
+) -> None:
+    """nsqd flags: none. ``gunicorn --preload -k gthread --threads 8 --workers 2``: the app's
+    Producer connects in the master at import; 16 clients keep connections open to it (8 per
+    worker at most, so both workers serve) and send 20 requests each, every one publishing."""
+    url, server, proc = gunicorn_app
+    clients, per_client = 16, 20
+    lock = threading.Lock()
+    outcomes: list[tuple[int, str, str]] = []
+    barrier = threading.Barrier(clients)
+
+    def client(n: int) -> None:
+        with requests.Session() as session:
+            barrier.wait(30)
+            for i in range(per_client):
+                body = f"req-{n}-{i}"
+                response = session.get(url, params={"body": body}, timeout=30)
+                with lock:
+                    outcomes.append((response.status_code, body, response.text))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120.0)
+    assert not any(t.is_alive() for t in threads)
+    ok = [body for status, body, _ in outcomes if status == 200]
+    failed = [(body, text) for status, body, text in outcomes if status != 200]
+    pids = {text.split()[0] for _, _, text in outcomes}
+    # the app reports only NSQErrors as 500 with the class name; anything else is a crash
+    assert not failed, failed[:5]
+    assert len(pids) == 2, f"requests were served by {len(pids)} worker(s), not 2"
+    # master + 2 workers, one connection each (the probe requests published too)
+    wait_for_connections(server, topic, 3)
+    proc.terminate()
+    proc.wait(15.0)
+    held = read_bodies(server.tcp_address, server.http_address, topic, timeout=60.0)
+    for body in ok:
+        assert held[body.encode()] == 1, body
+    assert max(held.values()) == 1
+    assert sum(1 for b in held if b.startswith(b"master")) == 1
+    print(f"gunicorn gthread: {len(ok)} requests published over 2 workers, 0 duplicates")
+
+
+# ------------------------------------------------------------------ HTTP client across a fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_http_client_forked_child_threads_share_one_new_session(
+    nsqd_factory: Any, topic: str
+) -> None:
+    """nsqd flags: none. An NsqdHTTPClient used in the parent (a pooled keep-alive connection),
+    then by 8 threads of each of 3 children at once: each child makes one session of its own
+    (not one per thread, never the parent's), and every HTTP publish lands exactly once."""
+    server: NsqdProcess = nsqd_factory()
+    client = NsqdHTTPClient(server.http_address)
+    client.pub(topic, b"parent")
+    parent_session = client._current_session()
+
+    def work(c: int) -> dict[str, Any]:
+        sessions: set[int] = set()
+        ok: list[str] = []
+        errors: list[str] = []
+        barrier = threading.Barrier(THREADS)
+
+        def worker(t: int) -> None:
+            barrier.wait(CHILD_TIMEOUT)
+            for i in range(PER_THREAD):
+                body = f"http-c{c}-t{t}-{i}"
+                try:
+                    client.pub(topic, body.encode())
+                    sessions.add(id(client._current_session()))
+                except NSQError as exc:
+                    errors.append(repr(exc))
+                else:
+                    ok.append(body)
+
+        workers = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(CHILD_TIMEOUT)
+        return {
+            "ok": ok,
+            "errors": errors,
+            "hung": sum(w.is_alive() for w in workers),
+            "sessions": len(sessions),
+            "parent_session": id(parent_session) in sessions,
+        }
+
+    children = [Child(lambda c=c: work(c), client.close) for c in range(3)]
+    results = [child.result() for child in children]
+    assert [child.finish() for child in children] == [0, 0, 0]
+    for result in results:
+        assert result["sessions"] == 1 and not result["parent_session"], result
+    client.pub(topic, b"parent again")  # the parent's session is intact
+    assert client._current_session() is parent_session
+    client.close()
+    acked, errors = check_results(results)
+    attempted = {"parent", "parent again"} | {
+        f"http-c{c}-t{t}-{i}" for c in range(3) for t in range(THREADS) for i in range(PER_THREAD)
+    }
+    check_bodies(server, topic, acked + ["parent", "parent again"], attempted)
+    assert not errors, errors[:5]
+
+
+# ------------------------------------------------------------------ a Consumer across a fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
+    nsqd_factory: Any, topic: str, runtime_mode: str
+) -> None:
+    """nsqd flags: none. A Consumer started before a fork: in the child, stop() and start()
+    raise Stopped saying to create one per process (nothing is sent on the parent's
+    connection); the parent's consumer keeps consuming.
+
+    Not under gevent: fork() copies the consumer's running greenlets (its readers) into the
+    child, where they go on reading the parent's sockets; no library can stop that, so under
+    gevent a process must fork before it starts a Consumer (README, "Fork safety")."""
+    if runtime_mode == "gevent":
+        pytest.skip("gevent copies the consumer's running greenlets into the child")
+    server: NsqdProcess = nsqd_factory()
+    got: list[bytes] = []
+
+    def handle(message: Message) -> None:
+        got.append(message.body)
+
+    consumer = Consumer(topic, "c", handle, nsqd_tcp_addresses=[server.tcp_address])
+    consumer.start()
+    try:
+        assert consumer.wait_connected(15.0)
+
+        def child_work() -> dict[str, Any]:
+            messages = []
+            for call in (consumer.stop, consumer.start):
+                try:
+                    call()
+                except Stopped as exc:
+                    messages.append(str(exc))
+            return {"messages": messages}
+
+        child = Child(child_work, lambda: None)
+        result = child.result()
+        assert child.finish() == 0
+        assert len(result["messages"]) == 2, result
+        assert all("post_fork" in m and "new Consumer" in m for m in result["messages"]), result
+        with Producer(server.tcp_address) as producer:
+            producer.publish(topic, b"after the child")
+        wait_for(lambda: b"after the child" in got, "the parent's consumer still consuming")
+    finally:
+        assert consumer.stop(10.0)

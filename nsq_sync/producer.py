@@ -13,8 +13,9 @@ the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same wa
 Reconnecting: one attempt at a time per nsqd, however many threads publish; a failed attempt
 counts once and backs the address off (exponentially, with jitter, up to
 ``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
-:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause; the first
-publish after the backoff tries again, and the threads that arrive while it connects wait for
+:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause (only the publish
+that sees a working address fail for the first time waits for its short first backoff, 25-50 ms,
+and tries once more within its timeout); the first publish after the backoff tries again, and the threads that arrive while it connects wait for
 that attempt (within their own timeout) instead of starting their own.
 
 Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
@@ -288,6 +289,10 @@ class Producer:
         deadline = time.monotonic() + timeout
         last_error: BaseException | None = None
         maybe_sent = False  # an earlier attempt wrote it and lost the answer (retry_unknown)
+        # An address that worked until this publish failed it (first failure, nothing sent):
+        # worth one more try after its short first backoff, within the deadline.
+        first_failure = False
+        retried = False
         slots = pool.slots
         n = len(slots)
         while True:
@@ -337,6 +342,7 @@ class Producer:
                         raise
                     last_error = exc  # nsqd answered: it did not take the message
                     self._mark_failed(slot, conn, exc)
+                    first_failure = first_failure or slot.failures == 1
                 except (ProtocolError, TLSError, AuthError) as exc:
                     # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a
                     # TLS setup that cannot work (certificate not verified, nsqd requires TLS) or
@@ -349,12 +355,18 @@ class Producer:
                     last_error = exc
                     self._mark_failed(slot, conn if sent else None, exc)
                     maybe_sent = self._unknown_if_sent(sent, slot, exc) or maybe_sent
+                    first_failure = first_failure or (not sent and slot.failures == 1)
                 else:
                     pool.current = index
                     return
-            # retry_unknown: wait (within the deadline) for the first address to come back
-            if not (maybe_sent and not self._closed):
+            # Wait (within the deadline) for the first address to come back: under retry_unknown,
+            # or once after an address that worked failed for the first time.
+            if self._closed or not ((maybe_sent and self.retry_unknown) or first_failure):
                 break
+            if not maybe_sent:
+                if retried:
+                    break
+                retried = True
             wait = min(s.retry_at for s in slots) - time.monotonic()
             if wait >= deadline - time.monotonic():
                 break

@@ -46,6 +46,7 @@ from nsq_sync.errors import (
     NSQError,
     ProtocolError,
     PublishError,
+    PublishOutcomeUnknown,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
@@ -336,17 +337,22 @@ def test_producer_survives_a_scripted_nsqd(parts: list[tuple[str, bytes]]) -> No
         assert str(outcome.reason) == str(expected.error)
     else:
         # The connection closed before an answer (the script ended mid-frame or before one):
-        # the outcome is unknown, so the producer publishes again on a fresh connection.
+        # the outcome is unknown, so the producer says so and does not publish it again.
         assert first is None
-        assert outcome is None and fake.published == [b"payload"], outcome
+        assert isinstance(outcome, PublishOutcomeUnknown), outcome
+        assert fake.published == [], fake.published
 
 
-def _publish_to_fake(script: Any, publish_timeout: float) -> tuple[PublishError, float, FakeNsqd]:
+def _publish_to_fake(
+    script: Any, publish_timeout: float, retry_unknown: bool = False
+) -> tuple[PublishError, float, FakeNsqd]:
     """Publish once through a FakeNsqd playing ``script`` on every connection; return the
     PublishError raised, how long publish took, and the fake (for its connections)."""
     # (not one parenthesised "with": Python 3.9 does not officially support that syntax)
     with FakeNsqd(lambda i: script, mode="producer") as fake:
-        producer = Producer(fake.address, publish_timeout=publish_timeout)
+        producer = Producer(
+            fake.address, publish_timeout=publish_timeout, retry_unknown=retry_unknown
+        )
         t0 = time.monotonic()
         try:
             with pytest.raises(PublishError) as info:
@@ -356,13 +362,20 @@ def _publish_to_fake(script: Any, publish_timeout: float) -> tuple[PublishError,
         return info.value, time.monotonic() - t0, fake
 
 
-def test_producer_reports_a_stream_closed_before_any_answer() -> None:
-    """With a single nsqd that keeps closing the connection after PUB, publish raises a
-    PublishError about the closed connection within publish_timeout (it never hangs)."""
-    error, took, fake = _publish_to_fake(b"", publish_timeout=1.0)
+@pytest.mark.parametrize("retry_unknown", [False, True])
+def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool) -> None:
+    """With a single nsqd that keeps closing the connection after PUB, publish raises
+    PublishOutcomeUnknown about the closed connection within publish_timeout (it never hangs):
+    at once by default (never resent), after resending it on fresh connections until the
+    deadline with retry_unknown=True."""
+    error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=retry_unknown)
     assert took < 2.5
+    assert isinstance(error, PublishOutcomeUnknown), error
     assert isinstance(error.reason, ConnectionClosed), error.reason
-    assert len(fake.connections) >= 2, "it retried on fresh connections until the deadline"
+    if retry_unknown:
+        assert len(fake.connections) >= 2, "it resent on fresh connections until the deadline"
+    else:
+        assert len(fake.connections) == 1, "it resent a PUB whose outcome was unknown"
 
 
 def test_producer_times_out_on_an_nsqd_that_never_answers() -> None:

@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 
 import pytest
 import requests
-from support.nsq import free_closed_port, read_bodies, wait_for
+from support.nsq import free_closed_port, read_bodies, wait_for, waitpid
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
 from nsq_sync.errors import NSQError, Stopped
@@ -52,19 +51,6 @@ def _fork() -> int:
         # child" -- the situation under test (see the module docstring).
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
-
-
-def _waitpid(pid: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError(f"forked child {pid} did not exit within {timeout} s")
-        time.sleep(0.02)
 
 
 def _read_report(fd: int, timeout: float) -> bytes:
@@ -133,18 +119,25 @@ class Child:
     def finish(self) -> int:
         os.close(self._go)
         Child._parent_fds.discard(self._go)
-        return _waitpid(self.pid, CHILD_TIMEOUT)
+        return waitpid(self.pid, CHILD_TIMEOUT)
 
 
 def publish_from_threads(
-    producer: Producer,
+    publish: Callable[[bytes], None] | Producer,
     topic: str,
     prefix: str,
     threads: int = THREADS,
     per_thread: int = PER_THREAD,
 ) -> dict[str, Any]:
-    """``threads`` threads start at once (a barrier) and publish ``per_thread`` bodies each.
-    Returns the acknowledged bodies and every error (flagging any that is not an NSQError)."""
+    """``threads`` threads start at once (a barrier) and publish ``per_thread`` bodies each,
+    through a Producer or a ``publish(body)`` function. Returns the acknowledged bodies and
+    every error (flagging any that is not an NSQError)."""
+    if isinstance(publish, Producer):
+        producer = publish
+
+        def publish(body: bytes) -> None:
+            producer.publish(topic, body)
+
     ok: list[str] = []
     errors: list[str] = []
     barrier = threading.Barrier(threads)
@@ -154,7 +147,7 @@ def publish_from_threads(
         for i in range(per_thread):
             body = f"{prefix}-t{t}-{i}"
             try:
-                producer.publish(topic, body.encode())
+                publish(body.encode())  # type: ignore[operator]
             except NSQError as exc:
                 errors.append(repr(exc))
             except BaseException as exc:
@@ -169,6 +162,13 @@ def publish_from_threads(
         w.join(CHILD_TIMEOUT)
     hung = sum(w.is_alive() for w in workers)
     return {"pid": os.getpid(), "ok": ok, "errors": errors, "hung": hung}
+
+
+def publishing_child(producer: Producer, topic: str, prefix: str, attempted: set[str]) -> Child:
+    """Fork a child whose 8 threads publish through ``producer`` (bodies added to
+    ``attempted``); it closes the producer when told to finish."""
+    attempted.update(f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD))
+    return Child(lambda: publish_from_threads(producer, topic, prefix), producer.close)
 
 
 def producer_connections(http_address: str, topic: str) -> list[int]:
@@ -248,15 +248,7 @@ def test_bare_fork_children_publish_from_eight_threads(
             children = []
             for c in range(CHILDREN):
                 prefix = f"r{r}-c{c}"
-                attempted.update(
-                    f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD)
-                )
-                children.append(
-                    Child(
-                        lambda prefix=prefix: publish_from_threads(producer, topic, prefix),
-                        producer.close,
-                    )
-                )
+                children.append(publishing_child(producer, topic, prefix, attempted))
                 forks += 1
             round_results = [child.result() for child in children]
             # One connection per process: the parent's and one per child (not shared, not two;
@@ -329,15 +321,7 @@ def test_fork_while_the_parent_publishes_on_other_threads(
             wait_for(lambda: len(parent_ok) >= 100, "the parent publishing")
             for c in range(5):
                 prefix = f"c{c}"
-                attempted.update(
-                    f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD)
-                )
-                children.append(
-                    Child(
-                        lambda prefix=prefix: publish_from_threads(producer, topic, prefix),
-                        producer.close,
-                    )
-                )
+                children.append(publishing_child(producer, topic, prefix, attempted))
                 at = len(parent_ok)
                 wait_for(lambda at=at: len(parent_ok) >= at + 20, "the parent still publishing")
             results = [child.result() for child in children]
@@ -530,34 +514,15 @@ def test_http_client_forked_child_threads_share_one_new_session(
 
     def work(c: int) -> dict[str, Any]:
         sessions: set[int] = set()
-        ok: list[str] = []
-        errors: list[str] = []
-        barrier = threading.Barrier(THREADS)
 
-        def worker(t: int) -> None:
-            barrier.wait(CHILD_TIMEOUT)
-            for i in range(PER_THREAD):
-                body = f"http-c{c}-t{t}-{i}"
-                try:
-                    client.pub(topic, body.encode())
-                    sessions.add(id(client._current_session()))
-                except NSQError as exc:
-                    errors.append(repr(exc))
-                else:
-                    ok.append(body)
+        def publish(body: bytes) -> None:
+            client.pub(topic, body)
+            sessions.add(id(client._current_session()))
 
-        workers = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(CHILD_TIMEOUT)
-        return {
-            "ok": ok,
-            "errors": errors,
-            "hung": sum(w.is_alive() for w in workers),
-            "sessions": len(sessions),
-            "parent_session": id(parent_session) in sessions,
-        }
+        result = publish_from_threads(publish, topic, f"http-c{c}")
+        result["sessions"] = len(sessions)
+        result["parent_session"] = id(parent_session) in sessions
+        return result
 
     children = [Child(lambda c=c: work(c), client.close) for c in range(3)]
     results = [child.result() for child in children]

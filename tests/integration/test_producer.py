@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import threading
 import time
 import traceback
@@ -24,7 +23,14 @@ from typing import Any
 import pytest
 from support.auth_server import AuthServer, grant
 from support.certs import Pki, make_pki
-from support.nsq import free_closed_port, message_count, producer_clients, topic_depth, wait_for
+from support.nsq import (
+    free_closed_port,
+    message_count,
+    producer_clients,
+    topic_depth,
+    wait_for,
+    waitpid,
+)
 
 from nsq_sync import Config, NsqdHTTPClient, Producer
 from nsq_sync.connection import NsqdConnection
@@ -433,19 +439,6 @@ def test_failover_when_first_nsqd_stops(
 # ------------------------------------------------------------------------------------------ fork
 
 
-def _waitpid(pid: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise AssertionError(f"forked child did not exit within {timeout} s")
-        time.sleep(0.02)
-
-
 def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
     """nsqd flags: none (shared nsqd). Works under threads and under gevent (gevent's fork)."""
     child_count = 50
@@ -493,7 +486,7 @@ def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
         finally:
             os.close(go_w)
             os.close(ready_r)
-            exit_code = _waitpid(pid, 30.0)
+            exit_code = waitpid(pid, 30.0)
         assert exit_code == 0
 
         # The child dropped its copy of the parent's socket without shutting it down.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import faulthandler
+import os
+import signal
 import socket
 import threading
 import time
@@ -24,6 +26,7 @@ __all__ = [
     "read_bodies",
     "topic_depth",
     "wait_for",
+    "waitpid",
 ]
 
 T = TypeVar("T")
@@ -43,6 +46,20 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def waitpid(pid: int, timeout: float) -> int:
+    """Wait for a forked child to exit (its exit code); kill it and fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"forked child {pid} did not exit within {timeout} s")
+        time.sleep(0.02)
 
 
 def bounded(seconds: float) -> Iterator[None]:

@@ -118,9 +118,20 @@ def read_bodies(
         conn.subscribe(topic, "read_bodies")
         conn.start_reader()
         conn.send(commands.rdy(2500))
+        finished = 0
+
+        def all_read() -> bool:
+            # FIN as they come: nsqd sends at most RDY (2500) unfinished messages
+            nonlocal finished
+            with collector._lock:
+                frames = collector.messages[finished:]
+            for frame in frames:
+                conn.send(commands.fin(frame.id))
+            finished += len(frames)
+            return finished >= expected
+
+        wait_for(all_read, f"the {expected} messages of {topic}", timeout)
         frames = collector.wait_messages(expected, timeout)
-        for frame in frames:
-            conn.send(commands.fin(frame.id))
     finally:
         conn.close()
         conn.join(5.0)

@@ -514,6 +514,14 @@ def test_http_client_forked_child_threads_share_one_new_session(
 
     def work(c: int) -> dict[str, Any]:
         sessions: set[int] = set()
+        created = [0]
+        original_init = requests.Session.__init__
+
+        def counting_init(self: requests.Session) -> None:
+            created[0] += 1  # Sessions made in this child (by the client's fork reset)
+            original_init(self)
+
+        requests.Session.__init__ = counting_init  # type: ignore[method-assign]
 
         def publish(body: bytes) -> None:
             client.pub(topic, body)
@@ -521,6 +529,7 @@ def test_http_client_forked_child_threads_share_one_new_session(
 
         result = publish_from_threads(publish, topic, f"http-c{c}")
         result["sessions"] = len(sessions)
+        result["created"] = created[0]
         result["parent_session"] = id(parent_session) in sessions
         return result
 
@@ -528,6 +537,7 @@ def test_http_client_forked_child_threads_share_one_new_session(
     results = [child.result() for child in children]
     assert [child.finish() for child in children] == [0, 0, 0]
     for result in results:
+        assert result["created"] == 1, f"the fork reset ran {result['created']} times: {result}"
         assert result["sessions"] == 1 and not result["parent_session"], result
     client.pub(topic, b"parent again")  # the parent's session is intact
     assert client._current_session() is parent_session

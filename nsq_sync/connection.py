@@ -643,4 +643,4 @@ class NsqdConnection:
         return self._reader is not None and self._reader.is_alive()
 
 
-__all__ = ["ConnectionHandler", "NSQConnectionError", "NsqdConnection", "identify_body"]
+__all__ = ["ConnectionHandler", "NSQConnectionError", "NotSent", "NsqdConnection", "identify_body"]

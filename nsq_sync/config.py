@@ -1,8 +1,14 @@
 """One frozen, validated :class:`Config` for consumers, producers and connections.
 
-Option names are go-nsq's, in snake_case. Durations are float seconds everywhere (strings such as
-``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are accepted and converted). Every check raises
-:class:`~nsq_sync.errors.ConfigError` naming the option.
+Option names are go-nsq's, in snake_case. Durations are float seconds everywhere
+(:class:`datetime.timedelta` and strings such as ``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are
+accepted and converted). Every check raises :class:`~nsq_sync.errors.ConfigError` naming the
+option; :func:`to_seconds` is the one check for every duration a public method takes (a timeout,
+a requeue or publish delay), so a bad one raises the same error wherever it is passed.
+
+Address lists (``nsqd_tcp_addresses``, ``lookupd_http_addresses``) are a list of strings or one
+string; a string holding several addresses separated by commas (``"h1:4150,h2:4150"``, as in an
+environment variable) is split at the commas (:func:`address_list`).
 
 Objects copy the Config they are given (it is frozen), so nothing shares mutable configuration.
 """
@@ -10,18 +16,20 @@ Objects copy the Config they are given (it is frozen), so nothing shares mutable
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import importlib.util
 import math
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError
 
-__all__ = ["Config", "parse_duration"]
+__all__ = ["Config", "address_list", "parse_duration", "to_seconds"]
 
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d*)?|-?\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -30,20 +38,80 @@ _BACKOFF_STRATEGIES = ("exponential", "full_jitter")
 
 
 def parse_duration(value: object, name: str = "duration") -> float:
-    """Return ``value`` as float seconds; accepts numbers and ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
+    """Return ``value`` as float seconds; accepts numbers, :class:`datetime.timedelta` and
+    ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
 
     Raises:
-        ConfigError: when the value is not a number or duration string.
+        ConfigError: when the value is not a number, timedelta or duration string.
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected seconds, got {value!r}")
     if isinstance(value, (int, float)):
         return float(value)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
     if isinstance(value, str):
         m = _DURATION_RE.match(value)
         if m:
             return float(m.group(1)) * _UNITS[m.group(2)]
     raise ConfigError(f"{name}: expected seconds or a duration like '250ms', '5s', got {value!r}")
+
+
+def to_seconds(
+    value: object, name: str, *, positive: bool = False, maximum: float | None = None
+) -> float:
+    """Validate a duration passed to a public method (a timeout, a delay) and return it as float
+    seconds. Accepts what Config accepts: seconds as a number, a :class:`datetime.timedelta`, or
+    a string such as ``"250ms"``.
+
+    Args:
+        value: the duration.
+        name: what it is, for the message (``"timeout"``, ``"requeue delay"``...).
+        positive: reject 0 too (timeouts); otherwise 0 is allowed (delays).
+        maximum: the largest value allowed, if any.
+
+    Raises:
+        ConfigError: not a duration, not finite, negative (or 0 when ``positive``), or above
+            ``maximum``; the message names ``name``.
+    """
+    seconds = parse_duration(value, name)
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (positive and seconds == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{name} must be seconds {bound}, got {value!r}")
+    if maximum is not None and seconds > maximum:
+        raise ConfigError(f"{name} must be at most {maximum} s, got {value!r}")
+    return seconds
+
+
+def address_list(name: str, value: object) -> tuple[str, ...]:
+    """One address, a comma-separated string of them, or a list of them, as a tuple of strings.
+
+    ``"h1:4150, h2:4150"`` is split at the commas (whitespace around each address is dropped),
+    so an environment variable or a Spark option can carry a list.
+
+    Raises:
+        ConfigError: not a string or a list of strings, or an empty entry (``"a,,b"``); names
+            ``name``.
+    """
+    if isinstance(value, str):
+        items: list[object] = [part.strip() for part in value.split(",")] if value.strip() else []
+    elif isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
+    else:
+        items = list(value)
+    addresses: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise ConfigError(f"{name}: every address must be a non-empty string, got {value!r}")
+        if "," in item:
+            raise ConfigError(
+                f"{name}: {item!r} holds several addresses; pass a list, or one string "
+                "with the addresses separated by commas"
+            )
+        addresses.append(item.strip())
+    return tuple(addresses)
 
 
 def _opt(
@@ -93,6 +161,9 @@ class Config:
     deflate_level: int = _opt(6, "int", 1, 9)
     # --- auth
     auth_secret: str | None = _opt(None, "str?", repr=False)
+    # --- where (optional: Consumer and Producer also take them as arguments)
+    nsqd_tcp_addresses: tuple[str, ...] = _opt((), "addresses")
+    lookupd_http_addresses: tuple[str, ...] = _opt((), "addresses")
     # --- consumer
     max_in_flight: int = _opt(1, "int", 0, 2**31 - 1)
     max_attempts: int = _opt(5, "int", 0, 65535)
@@ -133,6 +204,13 @@ class Config:
             )
         if self.snappy and self.deflate:
             raise ConfigError("snappy and deflate cannot both be enabled")
+        if self.snappy and importlib.util.find_spec("snappy") is None:
+            raise ConfigError(
+                "snappy=True needs python-snappy, which is not installed: "
+                "pip install 'nsq_sync[snappy]'"
+            )
+        if self.deflate and importlib.util.find_spec("zlib") is None:
+            raise ConfigError("deflate=True needs the zlib module, which this Python lacks")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be given together")
         if self.tls_min_version not in _TLS_VERSIONS:
@@ -176,6 +254,8 @@ class Config:
         """Build a Config from a dict such as Django settings or an INI section.
 
         Keys may use ``-`` or ``_``; values may be strings (``"true"``, ``"250ms"``, ``"200"``).
+        ``nsqd_tcp_addresses`` and ``lookupd_http_addresses`` take a list or a comma-separated
+        string (``NSQ_SYNC_LOOKUPD_HTTP_ADDRESSES=http://h1:4161,http://h2:4161``).
 
         Raises:
             ConfigError: an unknown key or an invalid value.
@@ -236,6 +316,8 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
         if not math.isfinite(result):
             raise ConfigError(f"{name} must be finite, got {value!r}")
         return result
+    if base == "addresses":
+        return address_list(name, value)
     if base == "str":
         if not isinstance(value, str):
             raise ConfigError(f"{name} must be a str, got {type(value).__name__}")

@@ -1,7 +1,7 @@
 """Consumer: wiring and lifecycle only.
 
     socket ──► reader task (one per nsqd) ──► dispatch queue ──► worker pool ──► handler(message)
-    discovery task (lookupd polls with jitter) ──► connect / reconnect / retire nsqds
+    discovery task (lookupd polls with jitter) ──► connect / reconnect nsqds (lookupd only adds)
     RDY manager (one per consumer, pure policy) ◄── every message, FIN, REQ, timer tick
 
 Lock order: ``_lock`` (RDY manager + connection table) is the only consumer lock; RDY commands
@@ -16,14 +16,14 @@ import operator
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._http_base import parse_http_address
 from nsq_sync.backoff import make_backoff
-from nsq_sync.config import Config
+from nsq_sync.config import Config, address_list, to_seconds
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import ConnectionManager
 from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
@@ -85,8 +85,12 @@ class Consumer:
     Args:
         topic, channel: what to subscribe to.
         handler: called with each :class:`~nsq_sync.message.Message` on a worker.
-        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``).
-        lookupd_http_addresses: nsqlookupds to discover nsqds from.
+        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``): a list, or one string
+            (several separated by commas). Default: ``config.nsqd_tcp_addresses``.
+        lookupd_http_addresses: nsqlookupds to discover nsqds from (a list, or one string,
+            several separated by commas). Default: ``config.lookupd_http_addresses``. lookupd
+            only adds nsqds: a connection closes when nsqd closes it, never because a lookupd
+            stopped listing it (as go-nsq; a restarted lookupd lists nothing for a while).
         concurrency: number of worker tasks running the handler.
         giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
         config: a Config; keyword ``overrides`` (any Config option) apply on top.
@@ -121,14 +125,17 @@ class Consumer:
             raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        direct = _address_list("nsqd_tcp_addresses", nsqd_tcp_addresses)
-        lookupds = _address_list("lookupd_http_addresses", lookupd_http_addresses)
+        self.config = (config or Config()).replace(**overrides)
+        direct = list(address_list("nsqd_tcp_addresses", nsqd_tcp_addresses))
+        lookupds = list(address_list("lookupd_http_addresses", lookupd_http_addresses))
+        if not direct and not lookupds:
+            direct = list(self.config.nsqd_tcp_addresses)
+            lookupds = list(self.config.lookupd_http_addresses)
         if not direct and not lookupds:
             raise ConfigError("Consumer needs nsqd_tcp_addresses and/or lookupd_http_addresses")
         for address in direct:
             parse_address(address)
         lookupds = [parse_http_address(a)[0] for a in lookupds]
-        self.config = (config or Config()).replace(**overrides)
         self.runtime: Runtime = resolve_runtime(runtime)
         self.handler = handler
         self.log = logging.LoggerAdapter(
@@ -149,7 +156,7 @@ class Consumer:
             clock=time.monotonic,
         )
         self._conns: dict[str, NsqdConnection] = {}
-        self._retiring: set[str] = set()
+        self._connected_at: dict[NsqdConnection, float] = {}
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
         self._flusher = Flusher(self.runtime, self.log)
@@ -164,6 +171,7 @@ class Consumer:
             is_stale=operator.attrgetter("_conn.closed"),
             on_skip=self._on_skip,
             on_gave_up=self._on_gave_up,
+            on_fatal=self._on_fatal,
             finish_many=self._finish_many,
             on_pending=self._flusher.watch,
         )
@@ -178,12 +186,14 @@ class Consumer:
             runtime=self.runtime,
             connected=self._connected_addresses,
             connect=self._spawn_connect,
-            retire=self._retire,
             log=self.log,
         )
         self._rdy_wakeup = self.runtime.event()
         self._connected = self.runtime.event()
-        self._stopped_event = self.runtime.event()
+        self._stopped_event = self.runtime.event()  # stop requested (wakes run())
+        self._stop_done = self.runtime.event()  # fully stopped
+        self._stop_clean = False
+        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a handler
         self._started = False
         self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
         self._stopping = False
@@ -194,6 +204,9 @@ class Consumer:
 
     def start(self) -> None:
         """Start workers, discovery and connections; returns at once.
+
+        With ``max_in_flight=0`` the consumer starts paused (it connects but receives nothing
+        until :meth:`set_max_in_flight`); a WARNING says so.
 
         Raises:
             Stopped: the consumer was stopped (consumers are not restartable), or it was
@@ -206,6 +219,11 @@ class Consumer:
             return
         self._started = True
         self._started_in = _fork.stamp()
+        if self._rdy.max_in_flight == 0:
+            self.log.warning(
+                "max_in_flight is 0: the consumer is paused and receives nothing until "
+                "set_max_in_flight() raises it"
+            )
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
         self._flusher.start(name, self._pool)
@@ -215,7 +233,13 @@ class Consumer:
     def run(self) -> None:
         """Start, block until :meth:`stop` or SIGTERM/SIGINT, then stop gracefully.
 
+        Returns once the consumer is fully stopped, also when a handler called :meth:`stop`.
         Signal handlers are installed only when called from the main thread, and restored after.
+
+        Raises:
+            SystemExit, KeyboardInterrupt: a handler raised it; that message was requeued and
+                the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
+                worker).
         """
         self.start()
         previous: dict[signal.Signals, Any] = {}
@@ -228,6 +252,8 @@ class Consumer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
+        if self._fatal is not None:
+            raise self._fatal
 
     def _check_process(self) -> None:
         # A started consumer's threads do not survive a fork, and its sockets are the
@@ -244,58 +270,89 @@ class Consumer:
         """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
         running handlers (and async messages) finish until ``timeout``, CLS, close.
 
-        Returns:
-            True when everything in flight was answered before the deadline.
-
-        Idempotent; later calls return at once.
+        Every call returns only once the consumer is fully stopped (True when everything in
+        flight was answered in time), or when its own ``timeout`` passed first (False); later
+        calls return at once. Called from a handler, stop() cannot wait for that handler: it
+        starts the stop and returns False at once; the handler's message is finished (or
+        requeued) as usual when it returns, then the stop completes on its own, and
+        :meth:`run` returns.
 
         Raises:
+            ConfigError: ``timeout`` is not a duration >= 0.
             Stopped: called in a forked child of the process that started the consumer (its
                 connections are the parent's: nothing is sent on them from here).
         """
         self._check_process()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + to_seconds(timeout, "timeout")
         with self._lock:
-            if self._stopping:
-                return True
-            self._stopping = True
-            self._stopped_event.set()
-            # RDY 0 at once, in the same critical section that makes every new message stale:
-            # a reader requeueing stale messages to an nsqd that still has RDY gets each one
-            # straight back, and under gevent that loop never yields to let the RDY 0 out.
-            self._apply(self._rdy.set_max_in_flight(0))
-            conns = list(self._conns.values())
-            # CLS right behind the RDY 0. nsqd answers CLOSE_WAIT behind every message it had
-            # already written (one buffered writer; a response flushes it), so once a
-            # connection said CLOSE_WAIT its in-flight count is complete: closing as soon as
-            # the count read 0 lost messages still on the wire, and nsqd kept them in flight
-            # until --msg-timeout. FIN/REQ/TOUCH still work in nsqd's closing state.
+            first = not self._stopping
+            if first:
+                self._stopping = True
+                self._stopped_event.set()
+                # RDY 0 at once, in the same critical section that makes every new message
+                # stale: a reader requeueing stale messages to an nsqd that still has RDY gets
+                # each one straight back, and under gevent that loop never yields to let the
+                # RDY 0 out.
+                self._apply(self._rdy.set_max_in_flight(0))
+                conns = list(self._conns.values())
+                # CLS right behind the RDY 0. nsqd answers CLOSE_WAIT behind every message it
+                # had already written (one buffered writer; a response flushes it), so once a
+                # connection said CLOSE_WAIT its in-flight count is complete: closing as soon
+                # as the count read 0 lost messages still on the wire, and nsqd kept them in
+                # flight until --msg-timeout. FIN/REQ/TOUCH still work in nsqd's closing state.
+                for conn in conns:
+                    self._send(conn, commands.cls())
+        own_task = self._on_own_task()
+        if first:
+            if own_task:
+                # a handler (or giving_up) called stop: the stop waits for this very handler,
+                # so it runs on a task of its own
+                self.runtime.spawn(
+                    self._complete_stop, conns, deadline, name=f"nsq_sync-stop-{self.topic}"
+                )
+            else:
+                self._complete_stop(conns, deadline)
+        if own_task:
+            return False
+        self._stop_done.wait(max(0.0, deadline - time.monotonic()))
+        return self._stop_done.is_set() and self._stop_clean
+
+    def _on_own_task(self) -> bool:
+        """True on one of this consumer's worker tasks (a handler is calling)."""
+        is_current = self.runtime.is_current
+        return any(is_current(task) for task in self._pool.tasks)
+
+    def _complete_stop(self, conns: list[NsqdConnection], deadline: float) -> None:
+        """The rest of :meth:`stop`, after RDY 0 and CLS went out: drain, close, join."""
+        try:
+            self._discovery.stop(max(0.1, deadline - time.monotonic()))
+            self._rdy_wakeup.set()
+            while True:
+                for message in self._pool.drain():  # queued, or arrived after RDY 0
+                    message.requeue(0.0, backoff=False)
+                if self._total_in_flight() == 0 and self._all_close_waited(conns):
+                    break
+                if time.monotonic() >= deadline:
+                    break
+                self.runtime.sleep(0.01)
+            clean = self._total_in_flight() == 0 and self._all_close_waited(conns)
+            if not clean:
+                self.log.warning(
+                    "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
+                    self._total_in_flight(),
+                )
+            self._pool.stop(max(0.1, deadline - time.monotonic()))
+            self._flusher.stop()
+            with self._lock:
+                conns = list(set(conns) | set(self._conns.values()))
             for conn in conns:
-                self._send(conn, commands.cls())
-        self._discovery.stop(timeout)
-        self._rdy_wakeup.set()
-        for message in self._pool.drain():
-            message.requeue(0.0, backoff=False)
-        while time.monotonic() < deadline:
-            for message in self._pool.drain():  # arrived after RDY 0 was sent
-                message.requeue(0.0, backoff=False)
-            if self._total_in_flight() == 0 and self._all_close_waited(conns):
-                break
-            self.runtime.sleep(0.01)
-        clean = self._total_in_flight() == 0 and self._all_close_waited(conns)
-        if not clean:
-            self.log.warning(
-                "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
-                self._total_in_flight(),
-            )
-        self._pool.stop(max(0.1, deadline - time.monotonic()))
-        self._flusher.stop()
-        for conn in conns:
-            conn.close()
-            conn.join(max(0.1, deadline - time.monotonic()))
-        if self._rdy_task is not None:
-            self._rdy_task.join(1.0)
-        return clean
+                conn.close()
+                conn.join(max(0.1, deadline - time.monotonic()))
+            if self._rdy_task is not None:
+                self._rdy_task.join(1.0)
+            self._stop_clean = clean
+        finally:
+            self._stop_done.set()
 
     def _all_close_waited(self, conns: list[NsqdConnection]) -> bool:
         with self._lock:
@@ -401,27 +458,13 @@ class Consumer:
                 conn.close()
                 return
             self._conns[address] = conn
-            self._retiring.discard(address)
+            self._connected_at[conn] = time.monotonic()
             conn.start_reader()
             self._apply(self._rdy.add(address, conn.max_rdy_count))
             self._connected.set()
         self._discovery.connect_succeeded(address)
         self._rdy_wakeup.set()
         self.log.info("connected to nsqd %s (max_rdy_count %d)", address, conn.max_rdy_count)
-
-    def _retire(self, address: str) -> None:
-        """nsqd vanished from lookupd: hand its credit elsewhere, close once drained."""
-        with self._lock:
-            conn = self._conns.get(address)
-            if conn is None or address in self._retiring:
-                return
-            self._retiring.add(address)
-            # RDY 0 before its credit goes to others (sum(RDY) <= max_in_flight on the wire
-            # too), then CLS: it closes once nsqd said CLOSE_WAIT and nothing is in flight.
-            self._send(conn, commands.rdy(0))
-            self._send(conn, commands.cls())
-            self._apply_and_wake(lambda: self._rdy.remove(address))
-        self.log.info("nsqd %s is no longer listed by lookupd; retiring it", address)
 
     def _apply(self, actions: list[tuple[Any, int]]) -> None:
         """Send RDY updates in order (caller holds ``_lock``)."""
@@ -477,7 +520,7 @@ class Consumer:
             conn.in_flight += n
             conn.messages_received += n
             self._counts["received"] += n
-            stale = self._stopping or address in self._retiring
+            stale = self._stopping
             if not stale:
                 actions = self._rdy.on_messages(address, n)
                 if actions:
@@ -489,6 +532,12 @@ class Consumer:
             self._pool.submit_many(messages)
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
+        # A FIN/REQ nsqd rejected (the message had timed out, and nsqd requeued it itself) was
+        # counted when it was sent: it did not happen.
+        counter = _REJECTED.get(error.code)
+        if counter is not None:
+            with self._lock:
+                self._counts[counter] -= 1
         if error.fatal:
             self.log.error("nsqd %s: %s; the connection will be replaced", conn.address, error)
         else:
@@ -499,7 +548,6 @@ class Consumer:
             self.log.debug("nsqd %s acknowledged CLS", conn.address)
             with self._lock:
                 self._close_waited.add(conn)
-            self._after_response(conn)
         else:
             self.log.debug("nsqd %s sent an unexpected response %r", conn.address, data[:100])
 
@@ -508,8 +556,12 @@ class Consumer:
             if self._conns.get(conn.address) is conn:
                 del self._conns[conn.address]
                 self._apply(self._rdy.remove(conn.address))
-            retiring = conn.address in self._retiring
-            self._retiring.discard(conn.address)
+            since = self._connected_at.pop(conn, None)
+            # useful: it delivered, or outlived a heartbeat; a connection that nsqd closes
+            # right after SUB is not, and its reconnect backoff keeps growing
+            useful = conn.messages_received > 0 or (
+                since is not None and time.monotonic() - since >= self.config.heartbeat_interval
+            )
             if not self._conns:
                 self._connected.clear()
             if not self._stopping:
@@ -520,8 +572,8 @@ class Consumer:
                 conn.address,
                 conn.in_flight,
             )
-        if not self._stopping and not retiring:
-            self._discovery.connection_lost(conn.address)
+        if not self._stopping:
+            self._discovery.connection_lost(conn.address, useful)
         self._rdy_wakeup.set()
 
     # ------------------------------------------------------------------ Responder (workers, app threads)
@@ -557,14 +609,14 @@ class Consumer:
             with self._lock:
                 quiet = self._rdy.finish_quietly(self._key(conn), n)
                 if quiet:
-                    retired = self._count_answered(conn, "finished", n)
+                    self._count_answered(conn, "finished", n)
             if not quiet:
                 for message in group:
                     self.finish(message)
                 continue
             # ids came from nsqd's own frames: always 16 bytes (commands.fin would check)
             data = b"".join([b"FIN %s\n" % message.id for message in group])
-            self._write_answers(conn, data, "finished", n, retired, now=True)
+            self._write_answers(conn, data, "finished", n, now=True)
 
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn: NsqdConnection = message._conn  # type: ignore[assignment]
@@ -599,28 +651,25 @@ class Consumer:
         with self._lock:
             key = self._key(conn)
             self._apply_and_wake(lambda: rdy_event(key))
-            retired = self._count_answered(conn, what, 1)
-        self._write_answers(conn, data, what, 1, retired, now=False)
+            self._count_answered(conn, what, 1)
+        self._write_answers(conn, data, what, 1, now=False)
 
     def _key(self, conn: NsqdConnection) -> str | None:
         """``conn``'s RDY key; None for a connection that was replaced since (caller holds
         ``_lock``)."""
         return conn.address if self._conns.get(conn.address) is conn else None
 
-    def _count_answered(self, conn: NsqdConnection, what: str, n: int) -> bool:
-        """Count ``n`` answers (``what``: "finished" or "requeued") of ``conn``'s messages;
-        True when that drained a retiring connection, which may close now (caller holds
-        ``_lock``)."""
+    def _count_answered(self, conn: NsqdConnection, what: str, n: int) -> None:
+        """Count ``n`` answers (``what``: "finished" or "requeued") of ``conn``'s messages
+        (caller holds ``_lock``)."""
         conn.in_flight = max(0, conn.in_flight - n)
         self._counts[what] += n
-        return self._drained(conn)
 
     def _write_answers(
-        self, conn: NsqdConnection, data: bytes, what: str, n: int, retired: bool, now: bool
+        self, conn: NsqdConnection, data: bytes, what: str, n: int, now: bool
     ) -> None:
         """Send ``n`` answers' commands: ``now`` writes them from this task (a worker's batch),
-        otherwise they join the write buffer for the flusher. A drained retiring connection
-        closes after (writing what is buffered first)."""
+        otherwise they join the write buffer for the flusher."""
         try:
             first = conn.send_deferred(data)  # True: the buffer was empty
             if now:
@@ -635,20 +684,6 @@ class Consumer:
                 n,
                 what,
             )
-        if retired:
-            conn.close()
-
-    def _after_response(self, conn: NsqdConnection) -> None:
-        """Close a retiring connection once nsqd said CLOSE_WAIT and nothing is in flight."""
-        with self._lock:
-            done = self._drained(conn)
-        if done:
-            conn.close()
-
-    def _drained(self, conn: NsqdConnection) -> bool:
-        """A retiring connection nsqd said CLOSE_WAIT on, with nothing in flight (caller holds
-        ``_lock``): it can close."""
-        return conn.address in self._retiring and conn in self._close_waited and conn.in_flight == 0
 
     # ------------------------------------------------------------------ WorkerPool hooks
 
@@ -661,15 +696,18 @@ class Consumer:
         with self._lock:
             self._counts["gave_up"] += 1
 
+    def _on_fatal(self, error: BaseException) -> None:
+        """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):
+        stop gracefully; :meth:`run` re-raises it in the thread that called it."""
+        with self._lock:
+            if self._fatal is None:
+                self._fatal = error
+        self.log.error("handler raised %r; stopping the consumer", error)
+        self.stop()
 
-def _address_list(name: str, value: object) -> list[Any]:
-    """One address or a list of them; anything else (a bare port number, bytes) is a
-    ConfigError naming the option, as in Producer, rather than a TypeError from list()."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
-        raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
-    return list(value)
+
+#: error codes of a FIN/REQ nsqd rejected, and the counter that had counted it
+_REJECTED = {"E_FIN_FAILED": "finished", "E_REQ_FAILED": "requeued"}
 
 
 def _is_configuration_error(error: BaseException) -> bool:

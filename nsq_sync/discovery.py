@@ -3,16 +3,20 @@
 One task per consumer decides which nsqds the consumer should be connected to (the direct
 ``nsqd_tcp_addresses`` plus whatever the lookupds list for the topic) and keeps it so:
 
-* every lookupd is queried at once, in parallel, each with ``lookupd_http_timeout``, so one dead
-  or hanging lookupd never holds up the others; results merge by ``broadcast_address:tcp_port``;
+* every lookupd is queried at once, in parallel, each on its own task with
+  ``lookupd_http_timeout``; the manager never waits for them (a query's answer wakes it), so a
+  dead or hanging lookupd never holds up the others, the direct nsqds, reconnects or ``stop()``;
+  results merge by ``broadcast_address:tcp_port``;
 * the next poll comes ``lookupd_poll_interval`` later, with random jitter of up to
   ``lookupd_poll_jitter`` of the interval (either way) on *every* poll, so a fleet of consumers
   does not hit the lookupds in lockstep;
 * an nsqd that is not connected is dialled as soon as its reconnect backoff allows (exponential
   with jitter, capped at ``reconnect_backoff_max``); a dropped connection makes the next lookupd
   query come soon (at most once a second);
-* an nsqd that vanished from every lookupd (and is not a direct address) is retired: its credit
-  goes elsewhere, it drains, then closes.
+* lookupd only ever *adds* nsqds (as go-nsq): an error, a 404 ``TOPIC_NOT_FOUND`` or an empty
+  answer never closes a live connection (a restarted nsqlookupd answers 404 until every nsqd
+  re-registered, up to nsqd's 15 s ping later). An nsqd goes away when its connection closes;
+  it is then reconnected if it is a direct address or the latest lookupd answer lists it.
 
 The task sleeps on an event between deadlines: an idle consumer does not poll anything.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,7 +53,6 @@ class ConnectionManager:
         runtime: Any,
         connected: Callable[[], set[str]],
         connect: Callable[[str], None],
-        retire: Callable[[str], None],
         log: logging.Logger | logging.LoggerAdapter[Any] = log,
         rng: random.Random | None = None,
     ) -> None:
@@ -62,9 +66,9 @@ class ConnectionManager:
         self.runtime = runtime
         self.connected = connected
         self.connect = connect
-        self.retire = retire
         self.log = log
         self.rng = rng or random.Random()
+        #: nsqds the latest lookupd answer listed (kept when no lookupd answered)
         self.discovered: set[str] = set()
         self.failures: dict[str, int] = {}
         self.retry_at: dict[str, float] = {}
@@ -72,6 +76,14 @@ class ConnectionManager:
         self.next_poll = 0.0
         self.last_poll = -1e9
         self.polls = 0
+        # the lookupd query round in progress: its number, deadline, answers so far
+        self._round = 0
+        self._round_deadline: float | None = None
+        self._round_found: set[str] = set()
+        self._round_answers = 0
+        self._round_ok = 0
+        # (round, url, addresses or None, error): appended by query tasks (deque: atomic)
+        self._answers: deque[tuple[int, str, set[str] | None, BaseException | None]] = deque()
         self._wakeup = runtime.event()
         self._stopped = False
         self._task: Any = None
@@ -82,14 +94,22 @@ class ConnectionManager:
         self._task = self.runtime.spawn(self._run, name=f"nsq_sync-discovery-{name}")
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the task. It never waits on a lookupd query (those end on their own within
+        ``lookupd_http_timeout``), so this returns as soon as the task saw the flag."""
         self._stopped = True
         self._wakeup.set()
         if self._task is not None and not self.runtime.is_current(self._task):
             self._task.join(timeout)
 
+    def is_current(self) -> bool:
+        """True when called on the manager's own task."""
+        return self._task is not None and self.runtime.is_current(self._task)
+
     def connect_succeeded(self, address: str) -> None:
+        """Subscribed. The failure count stays until the connection proves useful (see
+        :meth:`connection_lost`): an nsqd that accepts and closes right after SUB would
+        otherwise be redialled at the shortest backoff, ~10 times a second, forever."""
         self.connecting.discard(address)
-        self.failures[address] = 0
         self.retry_at.pop(address, None)
 
     def connect_failed(self, address: str, permanent: bool = False) -> None:
@@ -103,8 +123,13 @@ class ConnectionManager:
             self._schedule_retry(address)
         self._wakeup.set()
 
-    def connection_lost(self, address: str) -> None:
-        """A live connection dropped: reconnect after a short backoff, re-query lookupd soon."""
+    def connection_lost(self, address: str, useful: bool = True) -> None:
+        """A live connection dropped: reconnect after a short backoff (a direct address, or one
+        the latest lookupd answer lists), re-query lookupd soon. ``useful`` (it delivered a
+        message or lived past a heartbeat interval) starts the backoff afresh; otherwise the
+        backoff keeps growing from the earlier failures."""
+        if useful:
+            self.failures[address] = 0
         self._schedule_retry(address)
         if self.lookupds:
             self.next_poll = min(self.next_poll, self.last_poll + _REQUERY_MIN_INTERVAL)
@@ -138,20 +163,18 @@ class ConnectionManager:
             self._wakeup.clear()
 
     def _step(self) -> float | None:
+        self._collect_answers()
         now = time.monotonic()
-        if self.lookupds and now >= self.next_poll:
-            found = self._query_lookupds()
-            if found is not None:
-                self.discovered = found
-            self.polls += 1
-            self.last_poll = time.monotonic()
-            self.next_poll = self.last_poll + self._jittered_interval()
+        if self.lookupds and self._round_deadline is None and now >= self.next_poll:
+            self._start_round()
         desired = set(self.direct) | self.discovered
         connected = self.connected()
-        for address in connected - desired:
-            self.retire(address)
         now = time.monotonic()
-        deadlines = [self.next_poll] if self.lookupds else []
+        deadlines = []
+        if self._round_deadline is not None:
+            deadlines.append(self._round_deadline)
+        elif self.lookupds:
+            deadlines.append(self.next_poll)
         for address in sorted(desired - connected - self.connecting):
             at = self.retry_at.get(address, 0.0)
             if at <= now:
@@ -163,31 +186,51 @@ class ConnectionManager:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
 
-    def _query_lookupds(self) -> set[str] | None:
-        """Query every lookupd in parallel; None when none answered (keep what we know)."""
-        results: Any = self.runtime.queue()
-
-        def query(url: str) -> None:
-            try:
-                with LookupdClient(url, timeout=self.http_timeout) as client:
-                    results.put((url, {p.tcp_address for p in client.lookup(self.topic)}, None))
-            except Exception as exc:
-                results.put((url, None, exc))
-
+    def _start_round(self) -> None:
+        """Query every lookupd in parallel, each on its own task; answers wake the manager."""
+        self._round += 1
+        self._round_deadline = time.monotonic() + self.http_timeout * 2 + 1.0
+        self._round_found = set()
+        self._round_answers = 0
+        self._round_ok = 0
         for url in self.lookupds:
-            self.runtime.spawn(query, url, name=f"nsq_sync-lookupd-query-{url}")
-        found: set[str] = set()
-        answered = 0
-        deadline = time.monotonic() + self.http_timeout * 2 + 1.0
-        for _ in self.lookupds:
-            try:
-                url, addresses, error = results.get(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:
-                self.log.warning("lookupd queries did not all answer in time")
-                break
-            if error is not None:
+            self.runtime.spawn(self._query, self._round, url, name=f"nsq_sync-lookupd-query-{url}")
+
+    def _query(self, round_: int, url: str) -> None:
+        try:
+            with LookupdClient(url, timeout=self.http_timeout) as client:
+                found = {p.tcp_address for p in client.lookup(self.topic)}
+            self._answers.append((round_, url, found, None))
+        except Exception as exc:
+            self._answers.append((round_, url, None, exc))
+        self._wakeup.set()
+
+    def _collect_answers(self) -> None:
+        """Merge the answers that arrived; end the round when all did or its deadline passed.
+
+        A round in which no lookupd answered keeps what we knew. Whatever the answer, nothing
+        connected is closed: lookupd only adds nsqds."""
+        while self._answers:
+            round_, url, addresses, error = self._answers.popleft()
+            if round_ != self._round or self._round_deadline is None:
+                continue  # a late answer from a round given up on
+            self._round_answers += 1
+            if addresses is None:
                 self.log.warning("lookupd %s query failed: %s", url, error)
-                continue
-            answered += 1
-            found |= addresses
-        return found if answered else None
+            else:
+                self._round_ok += 1
+                self._round_found |= addresses
+        if self._round_deadline is None:
+            return
+        now = time.monotonic()
+        complete = self._round_answers >= len(self.lookupds)
+        if not complete and now < self._round_deadline:
+            return
+        if not complete:
+            self.log.warning("lookupd queries did not all answer in time")
+        if self._round_ok:
+            self.discovered = self._round_found
+        self._round_deadline = None
+        self.polls += 1
+        self.last_poll = now
+        self.next_poll = now + self._jittered_interval()

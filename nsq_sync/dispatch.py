@@ -13,6 +13,10 @@ worker calls ``handler(message)``:
   failure for backoff — unless this was attempt ``max_attempts``: then it goes to the give-up
   handler and is finished.
 
+* it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
+  ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
+  goes on answering until it is stopped.
+
 A message delivered with ``attempts > max_attempts`` (max_attempts lowered, or requeued
 explicitly by the application) goes straight to the give-up handler without running the handler.
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
@@ -33,8 +37,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from nsq_sync.errors import RequeueMessage
-from nsq_sync.message import Message
+from nsq_sync.errors import ConfigError, RequeueMessage
+from nsq_sync.message import CLAIM_LOCK, Message
 from nsq_sync.runtime import Runtime, Task
 
 Handler = Callable[[Message], Any]
@@ -73,6 +77,8 @@ class WorkerPool:
             redelivers it; running it would only produce a duplicate).
         on_skip: called for such a stale message.
         on_gave_up: called after the give-up handler took a message.
+        on_fatal: called (on the worker) with a SystemExit/KeyboardInterrupt a handler raised,
+            after its message was requeued.
         finish_many: finishes messages whose handler returned (already marked answered), in
             order; None finishes each with ``message.finish()`` at once.
         on_pending: called when a worker starts a handler while FINs are held; it must make
@@ -94,6 +100,7 @@ class WorkerPool:
         on_gave_up: Callable[[Message], None],
         finish_many: Callable[[list[Message]], None] | None = None,
         on_pending: Callable[[], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.handler = handler
@@ -106,6 +113,7 @@ class WorkerPool:
         self.on_gave_up = on_gave_up
         self.finish_many = finish_many
         self.on_pending = on_pending
+        self.on_fatal = on_fatal
         self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
         # deques: append and popleft are atomic, so workers and the flusher share them lock-free
         self._messages: deque[Message] = deque()
@@ -182,6 +190,12 @@ class WorkerPool:
                     except Exception:  # never let a worker die silently
                         self.log.exception("worker failed while processing %r", message)
                         continue
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        # the message was requeued; the consumer stops (run() re-raises it)
+                        if self.on_fatal is None:
+                            raise
+                        self.on_fatal(exc)
+                        continue
                     if to_finish:
                         pending.append(message)
                         if len(pending) >= FIN_BATCH:
@@ -210,7 +224,11 @@ class WorkerPool:
             self.handler(message)
         except RequeueMessage as req:
             if not message.has_responded:
-                message.requeue(req.delay, req.backoff)
+                try:
+                    message.requeue(req.delay, req.backoff)
+                except ConfigError:
+                    self.log.exception("RequeueMessage with a bad delay; requeueing %r", message)
+                    message.requeue(None, req.backoff)
             return False
         except Exception:
             if message.has_responded:
@@ -238,12 +256,15 @@ class WorkerPool:
             if not message.has_responded:
                 message.requeue(0.0, backoff=False)
             raise
-        if message._responded or message._async:
+        if message._async:
             return False
         if self.finish_many is None:
             message.finish()
             return False
-        message._responded = True  # claimed: finished with the worker's next batch
+        with CLAIM_LOCK:  # an application thread may be answering it right now
+            if message._responded:
+                return False
+            message._responded = True  # claimed: finished with the worker's next batch
         return True
 
     def _give_up(self, message: Message) -> None:

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Protocol
 
+from nsq_sync.config import to_seconds
+
 log = logging.getLogger(__name__)
+
+#: Guards the first answer (finish/requeue) of every message: a worker's automatic FIN and an
+#: application thread's finish()/requeue() may race; exactly one of them wins. Held for two
+#: attribute accesses, never across I/O (so one lock for all messages does not contend, and under
+#: gevent it never blocks a greenlet).
+CLAIM_LOCK = threading.Lock()
 
 
 class Responder(Protocol):
@@ -87,11 +96,15 @@ class Message:
         self._async = True
 
     def _claim(self, what: str) -> bool:
-        if self._responded:
+        with CLAIM_LOCK:
+            if self._responded:
+                claimed = False
+            else:
+                self._responded = True
+                claimed = True
+        if not claimed:
             log.debug("%s ignored: message %r already answered", what, self.id)
-            return False
-        self._responded = True
-        return True
+        return claimed
 
     def finish(self) -> None:
         """FIN: processed successfully; nsqd forgets it."""
@@ -101,9 +114,13 @@ class Message:
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ: nsqd redelivers it after ``delay`` seconds (None: the consumer's policy,
         ``default_requeue_delay * attempts`` capped at ``max_requeue_delay``). ``backoff``
-        counts it as a failure for the consumer's backoff."""
-        if delay is not None and (not isinstance(delay, (int, float)) or delay < 0):
-            raise ValueError(f"requeue delay must be seconds >= 0, got {delay!r}")
+        counts it as a failure for the consumer's backoff.
+
+        Raises:
+            ConfigError: ``delay`` is not a duration >= 0 (seconds or a timedelta).
+        """
+        if delay is not None:
+            delay = to_seconds(delay, "requeue delay")
         if self._claim("requeue") and self._responder is not None:
             self._responder.requeue(self, delay, backoff)
 

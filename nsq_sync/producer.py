@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nsq_sync import _fork
-from nsq_sync.config import Config
+from nsq_sync.config import Config, to_seconds
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.errors import (
     AuthError,
@@ -223,16 +223,8 @@ class Producer:
             InvalidName, InvalidBody, ServerError, PublishError, PublishOutcomeUnknown, Stopped:
                 as :meth:`publish`.
         """
-        if (
-            isinstance(delay, bool)
-            or not isinstance(delay, (int, float))
-            or not (0 <= delay <= self.config.max_defer)
-        ):
-            raise ConfigError(
-                f"deferred publish delay must be between 0 and max_defer "
-                f"({self.config.max_defer} s), got {delay!r}"
-            )
-        data = commands.dpub(topic, float(delay), body)
+        delay = to_seconds(delay, "deferred publish delay", maximum=self.config.max_defer)
+        data = commands.dpub(topic, delay, body)
         self._check_size(len(commands.to_body(body)), None)
         self._publish(data, timeout)
 
@@ -274,6 +266,8 @@ class Producer:
             raise InvalidBody(f"message body{where} of {size} bytes exceeds max_msg_size {limit}")
 
     def _publish(self, data: bytes, timeout: float | None) -> None:
+        if timeout is not None:
+            timeout = to_seconds(timeout, "timeout", positive=True)
         if self._closed:
             raise Stopped("producer is closed")
         pool = self._pool.get()

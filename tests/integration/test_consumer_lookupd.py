@@ -210,11 +210,16 @@ def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
         wait_for(lambda client=client: drained(client, topic), "every channel empty")
 
 
-def test_nsqd_dropped_by_lookupd_is_retired_cleanly(
-    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
+    nsq_cluster: Any,
+    topic: str,
+    consumers: Callable[..., Consumer],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """An nsqd that lookupd stops listing (tombstoned) is drained and closed: its RDY goes to 0,
-    nothing is left in flight on it, and the other nsqd keeps being consumed."""
+    """lookupd only adds nsqds (as go-nsq): an nsqd that lookupd stops listing (tombstoned)
+    keeps its live connection and is consumed; once that connection closes (nsqd stopped), the
+    consumer does not dial it again, since no lookupd lists it. (Restarted, it would register
+    afresh and lookupd would list it again.)"""
     cluster = nsq_cluster(2)
     kept, dropped = cluster.nsqds
     kept_client = publish(kept, topic, 10, "k")
@@ -235,18 +240,71 @@ def test_nsqd_dropped_by_lookupd_is_retired_cleanly(
 
     with LookupdClient(cluster.lookupd.http_url) as lookupd:
         lookupd.tombstone_topic_producer(topic, dropped.http_address)
-    wait_for(lambda: consumer.connections == [kept.tcp_address], "the tombstoned nsqd retired")
+        wait_for(
+            lambda: dropped.tcp_address not in {p.tcp_address for p in lookupd.lookup(topic)},
+            "lookupd to stop listing the tombstoned nsqd",
+        )
+    polls = consumer._discovery.polls
+    wait_for(lambda: consumer._discovery.polls >= polls + 2, "two lookupd polls")
+    assert consumer.connections == sorted([kept.tcp_address, dropped.tcp_address])
+    dropped_client.mpub(topic, [b"d-after-%d" % i for i in range(5)])
+    wait_for(lambda: handler.handled == 25, "the tombstoned nsqd's new messages")
 
-    def retired() -> dict[str, Any] | None:
-        stats = channel(dropped_client, topic)
-        return stats if stats["client_count"] == 0 and stats["in_flight_count"] == 0 else None
-
-    wait_for(retired, "no client and nothing in flight on the retired nsqd", timeout=5.0)
+    dropped.stop()
+    wait_for(
+        lambda: consumer.connections == [kept.tcp_address], "the stopped nsqd's connection gone"
+    )
+    polls = consumer._discovery.polls
+    wait_for(lambda: consumer._discovery.polls >= polls + 2, "two more lookupd polls")
+    redials = [
+        r
+        for r in caplog.records
+        if "cannot connect to nsqd " + dropped.tcp_address in r.getMessage()
+    ]
+    assert redials == [], "an nsqd no lookupd lists was dialled again"
+    assert consumer.connections == [kept.tcp_address]
     kept_client.mpub(topic, [b"k-after-%d" % i for i in range(10)])
-    wait_for(lambda: handler.handled == 30, "the kept nsqd's new messages")
+    wait_for(lambda: handler.handled == 35, "the kept nsqd's new messages")
     wait_for(lambda: drained(kept_client, topic), "the kept channel empty")
     # all of max_in_flight is back on the one nsqd left
     wait_for(
         lambda: [c["ready_count"] for c in channel(kept_client, topic)["clients"]] == [4],
         "RDY 4 on the remaining nsqd",
     )
+
+
+def test_lookupd_restart_keeps_every_nsqd_connection(
+    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Issue 11 item 5: after nsqlookupd restarts it answers 404 TOPIC_NOT_FOUND until nsqd
+    re-registers (on nsqd's next ping, up to 15 s later). That is no reason to close a live
+    connection: consumption goes on at once (the old code closed every connection and stopped
+    consuming until nsqd re-registered)."""
+    cluster = nsq_cluster(1)
+    [nsqd] = cluster.nsqds
+    client = publish(nsqd, topic, 10, "before")
+    wait_listed(cluster.lookupd, topic, [nsqd])
+    handler = Recorder()
+    consumer = consumers(
+        topic,
+        CHANNEL,
+        handler,
+        lookupd_http_addresses=cluster.lookupd_http_addresses,
+        max_in_flight=4,
+        **FAST_DISCOVERY,
+    )
+    consumer.start()
+    wait_for(lambda: handler.handled == 10, "the first 10 messages")
+
+    cluster.lookupd.restart()
+    with LookupdClient(cluster.lookupd.http_url) as lookupd:
+        # nsqd re-registers on its next ping (0-15 s from now): deleting the topic holds the
+        # 404 a restarted lookupd answers for the rest of the test, whenever that ping comes
+        lookupd.delete_topic(topic)
+        polls = consumer._discovery.polls
+        wait_for(lambda: consumer._discovery.polls >= polls + 2, "two polls answering 404")
+        assert lookupd.lookup(topic) == []
+    client.mpub(topic, [b"after%d" % i for i in range(10)])
+    wait_for(lambda: handler.handled == 20, "messages published after the restart", timeout=5.0)
+    assert consumer.connections == [nsqd.tcp_address]
+    assert channel(client, topic)["client_count"] == 1

@@ -1,0 +1,314 @@
+"""Consumer lifecycle against a real nsqd: stop() from a handler, concurrent stop() calls, a
+handler raising SystemExit, a hung lookupd, FINs nsqd rejects, and answers racing the worker.
+
+Regression tests for issue 11 (items 6-10 and the suspected answer race). Bounded like
+test_consumer.py: deadline polls, no fixed sleeps, a watchdog per test; runs under threads and
+under gevent (``python tests/run_gevent.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support.fault_proxy import FaultProxy
+from support.nsq import bounded
+from support.nsq import wait_for as _wait_for
+
+from nsq_sync import Consumer, Message, NsqdHTTPClient
+from nsq_sync.testing import NsqdProcess
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 20.0
+CHANNEL = "ch"
+
+wait_for = functools.partial(_wait_for, timeout=TIMEOUT, interval=0.01)
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    yield from bounded(120.0)
+
+
+@pytest.fixture
+def consumers() -> Iterator[Callable[..., Consumer]]:
+    made: list[Consumer] = []
+
+    def make(*args: Any, **kwargs: Any) -> Consumer:
+        consumer = Consumer(*args, **kwargs)
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.stop(timeout=5.0)
+
+
+def prepare(nsqd: NsqdProcess, topic: str, n: int = 0) -> NsqdHTTPClient:
+    client = NsqdHTTPClient(nsqd.http_url)
+    client.create_topic(topic)
+    client.create_channel(topic, CHANNEL)
+    if n:
+        client.mpub(topic, [b"m%d" % i for i in range(n)])
+    return client
+
+
+def channel(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
+    stats = client.channel_stats(topic, CHANNEL)
+    assert stats is not None
+    return stats
+
+
+def consumer_tasks(topic: str) -> list[str]:
+    """Names of this topic's consumer threads still alive (threads runtime only: greenlets are
+    not threads)."""
+    return [
+        t.name for t in threading.enumerate() if t.name.startswith("nsq_sync-") and topic in t.name
+    ]
+
+
+def gevent_patched() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return bool(monkey is not None and monkey.is_module_patched("socket"))
+
+
+# --------------------------------------------------------------------------- stop from a handler
+
+
+def test_stop_from_a_handler_finishes_its_message_and_run_returns(
+    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Issue 11 item 7: a handler calls stop(). No exception; the message is FINed when the
+    handler returns; run() (main thread) returns; no task, thread or connection is left."""
+    client = prepare(nsqd, topic, 1)
+    outcome: dict[str, Any] = {}
+    consumer: Consumer
+
+    def handler(message: Message) -> None:
+        try:
+            outcome["stop"] = consumer.stop(timeout=10.0)
+        except BaseException as exc:  # the old code raised RuntimeError here
+            outcome["error"] = exc
+            raise
+
+    consumer = consumers(topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
+    started = time.monotonic()
+    consumer.run()  # returns once fully stopped
+    elapsed = time.monotonic() - started
+    assert "error" not in outcome, outcome
+    assert outcome["stop"] is False  # documented: the handler cannot wait for itself
+    stats = channel(client, topic)
+    assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+    assert stats["message_count"] == 1
+    assert consumer.stats().finished == 1
+    assert consumer.connections == []
+    wait_for(lambda: channel(client, topic)["client_count"] == 0, "nsqd to see the client leave")
+    if not gevent_patched():
+        wait_for(lambda: not consumer_tasks(topic), "every consumer thread to end", timeout=5.0)
+    assert consumer.stop(timeout=1.0) is True
+    assert elapsed < 10.0, f"run() took {elapsed:.1f} s"  # the old code waited out the timeout
+
+
+def test_concurrent_stop_calls_each_wait_for_the_stop(
+    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Issue 11 item 9: while a handler runs, a second stop() with a short timeout returns False
+    (not stopped yet) instead of True at once; once the handler returns, every stop() returns
+    True, and only when the consumer has stopped."""
+    client = prepare(nsqd, topic, 1)
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        entered.set()
+        release.wait(TIMEOUT)
+
+    consumer = consumers(topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
+    consumer.start()
+    assert entered.wait(TIMEOUT)
+    results: list[bool] = []
+    first = threading.Thread(target=lambda: results.append(consumer.stop(timeout=15.0)))
+    first.start()
+    wait_for(lambda: channel(client, topic)["clients"][0]["ready_count"] == 0, "RDY 0 at nsqd")
+    assert consumer.stop(timeout=0.3) is False  # the old code returned True here
+    assert first.is_alive()
+    release.set()
+    first.join(TIMEOUT)
+    assert results == [True]
+    assert consumer.stop(timeout=1.0) is True
+    assert consumer.connections == []
+    stats = channel(client, topic)
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["requeue_count"] == 0
+
+
+@pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])
+def test_handler_raising_system_exit_requeues_stops_and_run_reraises(
+    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer], exc_type: type
+) -> None:
+    """Issue 11 item 8: SystemExit/KeyboardInterrupt from a handler requeues that message, stops
+    the consumer gracefully, and run() re-raises it in the thread that called run()."""
+    client = prepare(nsqd, topic, 5)
+    calls: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        calls.append(message.body)
+        raise exc_type(3)
+
+    consumer = consumers(
+        topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=5
+    )
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            consumer.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive(), "run() did not return (the old code never did)"
+    assert len(raised) == 1 and type(raised[0]) is exc_type, raised
+    assert calls and len(calls) <= 5
+    wait_for(lambda: channel(client, topic)["client_count"] == 0, "the consumer disconnected")
+    stats = channel(client, topic)
+    assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
+    assert stats["depth"] == 5  # everything back in the queue: nothing lost, nothing finished
+    assert consumer.stats().finished == 0
+    if not gevent_patched():
+        wait_for(lambda: not consumer_tasks(topic), "every consumer thread to end", timeout=5.0)
+
+
+# --------------------------------------------------------------------------- hung lookupd
+
+
+def test_hung_lookupd_delays_neither_direct_nsqds_nor_stop(
+    nsqd: NsqdProcess, nsqlookupd: Any, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Issue 11 item 6: with a lookupd that accepts and never answers (lookupd_http_timeout
+    20 s), the direct nsqd's message is handled and stop() returns long before the query could
+    time out (the old code waited the full query before dialling, and stop() waited for it)."""
+    prepare(nsqd, topic, 1)
+    handled = threading.Event()
+    with FaultProxy(nsqlookupd.http_address) as proxy:
+        proxy.stall()
+        consumer = consumers(
+            topic,
+            CHANNEL,
+            lambda m: handled.set(),
+            nsqd_tcp_addresses=nsqd.tcp_address,
+            lookupd_http_addresses=f"http://{proxy.address}",
+            lookupd_http_timeout=20.0,
+        )
+        started = time.monotonic()
+        consumer.start()
+        assert handled.wait(TIMEOUT)
+        first_message_s = time.monotonic() - started
+        wait_for(lambda: proxy.accepted >= 1, "the lookupd query to hang")
+        started = time.monotonic()
+        assert consumer.stop(timeout=15.0) is True
+        stop_s = time.monotonic() - started
+    # bounds far from the 20 s query and the 15 s stop budget the old code used up
+    assert first_message_s < 10.0, first_message_s
+    assert stop_s < 5.0, stop_s
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def test_fin_rejected_by_nsqd_is_not_counted_as_finished(
+    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Issue 11 item 10: a handler outlives msg_timeout; nsqd times the message out and answers
+    its FIN with E_FIN_FAILED. stats().finished counts only the redelivery's FIN."""
+    client = prepare(nsqd, topic, 1)
+    timed_out = threading.Event()
+    attempts: list[int] = []
+
+    def handler(message: Message) -> None:
+        attempts.append(message.attempts)
+        if message.attempts == 1:
+            assert timed_out.wait(TIMEOUT)
+
+    consumer = consumers(
+        topic,
+        CHANNEL,
+        handler,
+        nsqd_tcp_addresses=nsqd.tcp_address,
+        msg_timeout=1.0,
+        max_in_flight=2,
+        concurrency=2,
+        default_requeue_delay=0,
+    )
+    consumer.start()
+    wait_for(lambda: channel(client, topic)["timeout_count"] == 1, "nsqd to time the message out")
+    timed_out.set()
+    wait_for(lambda: attempts == [1, 2] or attempts == [2, 1], "the redelivery handled")
+    wait_for(lambda: channel(client, topic)["in_flight_count"] == 0, "nothing in flight")
+
+    def settled() -> bool:
+        # the rejected FIN's E_FIN_FAILED has been read once finished + rejections settle
+        return consumer.stats().finished == 1
+
+    wait_for(settled, "finished == 1 (the rejected FIN uncounted)", timeout=5.0)
+    assert consumer.stop(timeout=5.0) is True
+    assert consumer.stats().finished == 1
+
+
+# --------------------------------------------------------------------------- answer race
+
+
+def test_application_thread_answer_racing_the_worker_answers_once(
+    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Suspected in issue 11: a handler hands its message to an application thread that
+    requeues it while the handler returns (the worker then FINs it). Exactly one answer may go
+    out per message: a double answer shows as E_FIN_FAILED/E_REQ_FAILED and as
+    finished + requeued > received."""
+    n = 2000
+    client = prepare(nsqd, topic, n)
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: widen the race window
+    try:
+        threads: list[threading.Thread] = []
+
+        def handler(message: Message) -> None:
+            if message.attempts == 1:
+                t = threading.Thread(target=message.requeue, args=(0, False))
+                threads.append(t)
+                t.start()
+
+        consumer = consumers(
+            topic,
+            CHANNEL,
+            handler,
+            nsqd_tcp_addresses=nsqd.tcp_address,
+            max_in_flight=50,
+            concurrency=4,
+        )
+        consumer.start()
+        wait_for(lambda: channel(client, topic)["message_count"] == n, "published")
+        wait_for(
+            lambda: (
+                channel(client, topic)["depth"] == 0
+                and channel(client, topic)["in_flight_count"] == 0
+                and channel(client, topic)["deferred_count"] == 0
+            ),
+            "every message answered",
+            timeout=60.0,
+        )
+        for t in threads:
+            t.join(TIMEOUT)
+    finally:
+        sys.setswitchinterval(old_interval)
+    stats = consumer.stats()
+    assert consumer.stop(timeout=5.0) is True
+    assert stats.finished + stats.requeued == stats.received, stats

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.fake_nsqd import FakeNsqd
 from support.fault_proxy import FaultProxy
 from support.nsq import bounded
 from support.nsq import wait_for as _wait_for
@@ -312,3 +313,26 @@ def test_application_thread_answer_racing_the_worker_answers_once(
     stats = consumer.stats()
     assert consumer.stop(timeout=5.0) is True
     assert stats.finished + stats.requeued == stats.received, stats
+
+
+# --------------------------------------------------------------------------- reconnect backoff
+
+
+def test_nsqd_that_closes_right_after_sub_is_redialled_with_growing_backoff(
+    consumers: Callable[..., Consumer],
+) -> None:
+    """Suspected in issue 11, confirmed: an nsqd that accepts, answers SUB with OK and closes
+    (a byte-level behaviour, so the scripted fake nsqd) was redialled ~10 times a second for
+    ever, because a successful SUB reset the failure count. The count now resets only once a
+    connection proved useful (a message, or a heartbeat interval alive), so the backoff grows:
+    the failure count climbs with every short-lived connection."""
+    with FakeNsqd(lambda index: b"", mode="consumer") as fake:
+        consumer = consumers("t", "c", lambda m: None, nsqd_tcp_addresses=fake.address)
+        consumer.start()
+        # the old code never got past 1: every SUB reset the count
+        wait_for(
+            lambda: consumer._discovery.failures.get(fake.address, 0) >= 4,
+            "the failure count to climb with each short-lived connection",
+        )
+        assert fake.subscribed >= 4
+        assert consumer.stop(timeout=5.0) is True

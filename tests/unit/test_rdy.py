@@ -888,3 +888,29 @@ def test_quiet_finish_is_refused_in_backoff_where_each_fin_is_a_step() -> None:
     assert m.finish_quietly(key, 1) is False
     assert m.conns[key].in_flight == in_flight and m.backoff_level == 1  # nothing counted
     assert wire.finish(key) == [("c0", 5), ("c1", 5)]  # the one-by-one path steps down
+
+
+def test_scarce_credit_follows_the_connection_that_has_messages() -> None:
+    """Issue 11 (suspected, confirmed): max_in_flight 1, two nsqds, messages on only one. The
+    old rotation handed the credit to the empty nsqd half the time, for a whole interval (~5 s
+    on, ~5 s off). Now the empty one gives it back within unproductive_after of its grant."""
+    for seed in range(5):
+        m, wire, clock = make(1, seed=seed, low_rdy_idle_timeout=10.0, redistribute_interval=5.0)
+        wire.add("full")
+        wire.add("empty")
+        start = clock.now
+        empty_holding = 0.0
+        while clock.now - start < 300.0:
+            if "full" in wire.holders():  # its nsqd sends as soon as it holds credit
+                wire.message("full")
+                wire.finish("full")
+            deadline = m.next_deadline()
+            assert deadline is not None
+            step = max(0.0, deadline - clock.now)
+            if "empty" in wire.holders():
+                empty_holding += step
+            clock.jump_to(deadline)
+            wire.tick()
+            assert wire.total == 1
+        # at most one unproductive_after (0.5 s) per 5 s rotation, instead of half the time
+        assert empty_holding / 300.0 < 0.15, (seed, empty_holding)

@@ -940,8 +940,22 @@ class Harness:
                     "window_s": s.idle_window_s,
                 }
                 workers[(client, conns)] = Worker(CLIENTS[client], job, f"idle{conns}-{client}")
-        time.sleep(s.idle_settle_s + min(1.0, s.idle_window_s / 2))
-        seen = count_connections(nsqds, topic)
+        # Count the connections nsqd sees while the workers hold them: poll until every worker's
+        # channel shows its count (or the worker ended, or a deadline). A fixed settle time read
+        # 0 connections on a busy machine, where a worker takes longer to start and connect.
+        seen: dict[str, int] = {}
+        deadline = time.monotonic() + s.idle_settle_s + s.idle_window_s + 30
+
+        def all_seen() -> bool:
+            return all(seen.get(w.job["channel"], 0) >= c for (_, c), w in workers.items())
+
+        while time.monotonic() < deadline and not all_seen():
+            if all(w.proc.poll() is not None for w in workers.values()):
+                break
+            for channel, k in count_connections(nsqds, topic).items():
+                seen[channel] = max(seen.get(channel, 0), k)
+            if not all_seen():
+                time.sleep(0.05)
         results = {}
         for (client, conns), worker in workers.items():
             timeout = s.idle_settle_s + s.idle_window_s + 30 - (time.monotonic() - worker.started)

@@ -206,6 +206,10 @@ def run_idle(job, result):
         **identify_options(job),
     )
     consumer.start()
+    # wait for the connections (a busy machine takes longer), then let them settle
+    deadline = time.monotonic() + 30.0
+    while len(consumer.connections) < len(nsqds) and time.monotonic() < deadline:
+        time.sleep(0.02)
     time.sleep(job["settle_s"])
     connected = len(consumer.connections)
     cpu0, t0 = _common.cpu_seconds(), time.monotonic()

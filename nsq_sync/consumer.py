@@ -288,6 +288,7 @@ class Consumer:
             first = not self._stopping
             if first:
                 self._stopping = True
+                self._pool.stopping = True
                 self._stopped_event.set()
                 # RDY 0 at once, in the same critical section that makes every new message
                 # stale: a reader requeueing stale messages to an nsqd that still has RDY gets

@@ -119,6 +119,8 @@ class WorkerPool:
         self._messages: deque[Message] = deque()
         self.pending: deque[Message] = deque()  # handled, FIN not written yet
         self.tasks: list[Task] = []
+        #: set when the consumer stops: messages not started yet are requeued, not handled
+        self.stopping = False
 
     def start(self, name: str) -> None:
         for i in range(self.concurrency):
@@ -216,6 +218,9 @@ class WorkerPool:
         """Run one message; True when it is to be finished by the caller (handler returned)."""
         if self.is_stale(message):
             self.on_skip(message)
+            return False
+        if self.stopping:
+            message.requeue(0.0, backoff=False)
             return False
         if 0 < self.max_attempts < message.attempts:
             self._give_up(message)

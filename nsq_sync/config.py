@@ -58,7 +58,12 @@ def parse_duration(value: object, name: str = "duration") -> float:
 
 
 def to_seconds(
-    value: object, name: str, *, positive: bool = False, maximum: float | None = None
+    value: object,
+    name: str,
+    *,
+    positive: bool = False,
+    maximum: float | None = None,
+    maximum_name: str | None = None,
 ) -> float:
     """Validate a duration passed to a public method (a timeout, a delay) and return it as float
     seconds. Accepts what Config accepts: seconds as a number, a :class:`datetime.timedelta`, or
@@ -68,20 +73,30 @@ def to_seconds(
         value: the duration.
         name: what it is, for the message (``"timeout"``, ``"requeue delay"``...).
         positive: reject 0 too (timeouts); otherwise 0 is allowed (delays).
-        maximum: the largest value allowed, if any.
+        maximum: the largest value allowed, if any; ``maximum_name`` names the option it comes
+            from (every error then states the range: "between 0 and max_defer (3600.0 s)").
 
     Raises:
         ConfigError: not a duration, not finite, negative (or 0 when ``positive``), or above
             ``maximum``; the message names ``name``.
     """
-    seconds = parse_duration(value, name)
+    if maximum is not None:
+        bound = f"{maximum_name} ({maximum} s)" if maximum_name else f"{maximum} s"
+        problem = f"{name} must be between 0 and {bound}, got {value!r}"
+    try:
+        seconds = parse_duration(value, name)
+    except ConfigError:
+        if maximum is None:
+            raise
+        raise ConfigError(problem) from None
+    if maximum is not None:
+        if not (0 <= seconds <= maximum) or (positive and seconds == 0):
+            raise ConfigError(problem)
+        return seconds
     if not math.isfinite(seconds):
         raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds < 0 or (positive and seconds == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{name} must be seconds {bound}, got {value!r}")
-    if maximum is not None and seconds > maximum:
-        raise ConfigError(f"{name} must be at most {maximum} s, got {value!r}")
+        raise ConfigError(f"{name} must be seconds {'> 0' if positive else '>= 0'}, got {value!r}")
     return seconds
 
 

@@ -223,7 +223,9 @@ class Producer:
             InvalidName, InvalidBody, ServerError, PublishError, PublishOutcomeUnknown, Stopped:
                 as :meth:`publish`.
         """
-        delay = to_seconds(delay, "deferred publish delay", maximum=self.config.max_defer)
+        delay = to_seconds(
+            delay, "deferred publish delay", maximum=self.config.max_defer, maximum_name="max_defer"
+        )
         data = commands.dpub(topic, delay, body)
         self._check_size(len(commands.to_body(body)), None)
         self._publish(data, timeout)

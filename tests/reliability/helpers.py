@@ -116,13 +116,16 @@ class Tally:
         return min(firsts) - t_fault if firsts else None
 
 
-def http(address: str) -> NsqdHTTPClient:
-    return NsqdHTTPClient(address, timeout=5.0)
+def http(address: str, timeout: float = 5.0) -> NsqdHTTPClient:
+    return NsqdHTTPClient(address, timeout=timeout)
 
 
 def publish_http(http_url: str, topic: str, bodies: Sequence[bytes], batch: int = 5000) -> None:
-    """Create topic and channel, then MPUB ``bodies`` over nsqd's HTTP API in batches."""
-    with http(http_url) as client:
+    """Create topic and channel, then MPUB ``bodies`` over nsqd's HTTP API in batches.
+
+    Each request may take long on a busy machine (an nsqd started with ``--sync-every=1``
+    fsyncs every message of a batch before it answers): 60 s per request, not 5."""
+    with http(http_url, timeout=60.0) as client:
         client.create_topic(topic)
         client.create_channel(topic, CHANNEL)
         for i in range(0, len(bodies), batch):

@@ -7,8 +7,12 @@ registers through its ``pytest11`` entry point (tox installs it into every test 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+
+from nsq_sync import Consumer
 
 _RUNTIME_ENV = "NSQ_SYNC_TEST_RUNTIME"
 
@@ -37,3 +41,18 @@ def pytest_report_header(config: pytest.Config) -> str:
 def runtime_mode() -> str:
     """The runtime this run exercises: ``"gevent"`` (monkey-patched) or ``"threads"``."""
     return _runtime()
+
+
+@pytest.fixture
+def consumers() -> Iterator[Callable[..., Consumer]]:
+    """Build consumers that are stopped when the test ends, whatever happened."""
+    made: list[Consumer] = []
+
+    def make(*args: Any, **kwargs: Any) -> Consumer:
+        consumer = Consumer(*args, **kwargs)
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.stop(timeout=5.0)

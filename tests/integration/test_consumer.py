@@ -77,21 +77,6 @@ class Recorder:
             return len(self.bodies)
 
 
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    """Build consumers that are stopped when the test ends, whatever happened."""
-    made: list[Consumer] = []
-
-    def make(*args: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(*args, **kwargs)
-        made.append(consumer)
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
 def http(nsqd: NsqdProcess) -> NsqdHTTPClient:
     return NsqdHTTPClient(nsqd.http_url)
 

@@ -64,20 +64,6 @@ class Recorder:
             return Counter(address for _, address in self.seen)
 
 
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    made: list[Consumer] = []
-
-    def make(*args: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(*args, **kwargs)
-        made.append(consumer)
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
 def publish(nsqd: NsqdProcess, topic: str, n: int, prefix: str) -> NsqdHTTPClient:
     client = NsqdHTTPClient(nsqd.http_url)
     client.create_topic(topic)

@@ -37,20 +37,6 @@ def watchdog() -> Iterator[None]:
     yield from bounded(120.0)
 
 
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    made: list[Consumer] = []
-
-    def make(*args: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(*args, **kwargs)
-        made.append(consumer)
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
-
-
 def prepare(nsqd: NsqdProcess, topic: str, n: int = 0) -> NsqdHTTPClient:
     client = NsqdHTTPClient(nsqd.http_url)
     client.create_topic(topic)

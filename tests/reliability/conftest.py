@@ -19,13 +19,11 @@ from __future__ import annotations
 import faulthandler
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from nsq_sync import Consumer
 
 from .helpers import SCALE, gevent_patched, soak_seconds
 
@@ -45,21 +43,6 @@ def watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture
-def consumers() -> Iterator[Callable[..., Consumer]]:
-    """Build consumers that are stopped when the test ends, whatever happened."""
-    made: list[Consumer] = []
-
-    def make(*args: Any, **kwargs: Any) -> Consumer:
-        consumer = Consumer(*args, **kwargs)
-        made.append(consumer)
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.stop(timeout=5.0)
 
 
 # --------------------------------------------------------------------------- summary

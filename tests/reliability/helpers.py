@@ -29,6 +29,7 @@ __all__ = [
     "make_bodies",
     "open_fds",
     "publish_http",
+    "record_figures",
     "scaled",
     "settled_channel",
     "soak_seconds",
@@ -49,6 +50,14 @@ def soak_seconds() -> float:
 
 def scaled(n: int, minimum: int = 100) -> int:
     return max(minimum, int(n * SCALE))
+
+
+def record_figures(record_property: Any, **figures: Any) -> None:
+    """Record a test's figures for the summary (floats rounded to milliseconds)."""
+    for name, value in figures.items():
+        if isinstance(value, float):
+            value = round(value, 3)
+        record_property(name, value)
 
 
 def make_bodies(n: int, prefix: str = "m") -> list[bytes]:

@@ -24,6 +24,7 @@ from .helpers import (
     channel_stats,
     make_bodies,
     publish_http,
+    record_figures,
     scaled,
     settled_channel,
     wait_for,
@@ -32,13 +33,6 @@ from .helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 Consumers = Callable[..., Consumer]
-
-
-def _record(record_property: Any, **figures: Any) -> None:
-    for name, value in figures.items():
-        if isinstance(value, float):
-            value = round(value, 3)
-        record_property(name, value)
 
 
 class Paced:
@@ -133,7 +127,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     gap = max(b - a for a, b in zip(window, window[1:]))
     closed = len(before - {id(c) for c in consumer._conns.values()})
     lost = tally.lost(published)
-    _record(
+    record_figures(
         record_property,
         messages=len(published),
         handled=tally.handled,
@@ -196,7 +190,7 @@ def test_stop_from_a_handler_under_load_loses_nothing(
     wait_for(lambda: settled_channel(nsqd.http_url, topic), "channel empty")
     assert second.stop(timeout=10.0) is True
     lost = tally.lost(bodies)
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=tally.handled,

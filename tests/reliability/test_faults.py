@@ -35,6 +35,7 @@ from .helpers import (
     gevent_patched,
     make_bodies,
     publish_http,
+    record_figures,
     scaled,
     settled_channel,
     wait_for,
@@ -44,13 +45,6 @@ from .helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 Consumers = Callable[..., Consumer]
-
-
-def _record(record_property: Any, **figures: Any) -> None:
-    for name, value in figures.items():
-        if isinstance(value, float):
-            value = round(value, 3)
-        record_property(name, value)
 
 
 # --------------------------------------------------------------------------- connection cuts
@@ -142,7 +136,7 @@ def test_cut_every_two_seconds_loses_nothing(
     # the stream ran count: after it, the next message is a redelivery due at --msg-timeout.
     recoveries = [tally.recovery_after(t, old) for t, old in faults if t < stream_end[0]]
     lost = tally.lost(bodies)
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=tally.handled,
@@ -211,7 +205,7 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
     wait_for(lambda: tally.covers(bodies), f"all {n} messages (handled {tally.unique})", 60.0)
     wait_for(lambda: settled_channel(nsqd.http_url, topic), "nothing left on nsqd", 30.0)
     lost = tally.lost(bodies)
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=tally.handled,
@@ -283,7 +277,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     received_after = consumer.stats().received - received_before
     lost_by_nsqd = len(tally.lost(bodies))
     recovery = tally.recovery_after(t_fault, old)
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=tally.handled,
@@ -361,7 +355,7 @@ def test_stalled_connection_is_detected_and_replaced(
         # Recovery: from the proxy forwarding again to the first message on a new connection.
         recovery = tally.recovery_after(t_resume, [old])
     lost = tally.lost(bodies)
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=tally.handled,
@@ -455,7 +449,7 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
         for nsqd in (first, second):
             wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, topic), "channels empty")
     lost = tally.lost(published)
-    _record(
+    record_figures(
         record_property,
         messages=len(published),
         handled=tally.handled,
@@ -558,7 +552,7 @@ def test_sigterm_under_load_drains_and_exits_zero(
 
     stats = wait_for(settled, "0 in flight and no client at nsqd", timeout=5.0)
     lost = n - len(handled) - stats["depth"]
-    _record(
+    record_figures(
         record_property,
         messages=n,
         handled=len(lines),
@@ -677,7 +671,7 @@ def test_producer_failover_while_nsqd_dies(
     missing = [b for b in succeeded if b not in held.counts]
     assert held.handled >= depths
     dup_held = held.duplicates()
-    _record(
+    record_figures(
         record_property,
         messages=len(succeeded) + len(failed),
         handled=held.handled,

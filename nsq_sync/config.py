@@ -111,7 +111,9 @@ def address_list(name: str, value: object) -> tuple[str, ...]:
             ``name``.
     """
     if isinstance(value, str):
-        items: list[object] = [part.strip() for part in value.split(",")] if value.strip() else []
+        if not value.strip():
+            raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
+        items: list[object] = [part.strip() for part in value.split(",")]
     elif isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
         raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
     else:
@@ -331,8 +333,8 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
         if not math.isfinite(result):
             raise ConfigError(f"{name} must be finite, got {value!r}")
         return result
-    if base == "addresses":
-        return address_list(name, value)
+    if base == "addresses":  # an empty setting (NSQ_SYNC_NSQD_TCP_ADDRESSES=) means none
+        return () if isinstance(value, str) and not value.strip() else address_list(name, value)
     if base == "str":
         if not isinstance(value, str):
             raise ConfigError(f"{name} must be a str, got {type(value).__name__}")

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nsq_sync import _fork
-from nsq_sync.config import Config, to_seconds
+from nsq_sync.config import Config, address_list, to_seconds
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.errors import (
     AuthError,
@@ -115,7 +115,8 @@ class Producer:
     """Publishes to nsqd over TCP. Thread-safe; fork-safe; a context manager.
 
     Args:
-        nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference.
+        nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference (one string
+            may hold several, separated by commas); empty: ``config.nsqd_tcp_addresses``.
         config: a :class:`~nsq_sync.config.Config`; keyword ``overrides`` are applied on top.
         runtime: ``"auto"``, ``"threads"`` or ``"gevent"``.
         retry_unknown: resend a command whose outcome is unknown (the connection broke after it
@@ -136,24 +137,15 @@ class Producer:
         retry_unknown: bool = False,
         **overrides: Any,
     ) -> None:
-        if isinstance(nsqd_tcp_addresses, str):
-            addresses = [nsqd_tcp_addresses]
-        elif isinstance(nsqd_tcp_addresses, (bytes, bytearray)) or not isinstance(
-            nsqd_tcp_addresses, Iterable
-        ):
-            raise ConfigError(
-                "nsqd_tcp_addresses must be 'host:port' or a list of them, "
-                f"got {nsqd_tcp_addresses!r}"
-            )
-        else:
-            addresses = list(nsqd_tcp_addresses)
+        self.config = (config or Config()).replace(**overrides)
+        addresses = list(address_list("nsqd_tcp_addresses", nsqd_tcp_addresses))
+        addresses = addresses or list(self.config.nsqd_tcp_addresses)
         if not addresses:
             raise ConfigError("Producer needs at least one nsqd TCP address")
         for address in addresses:
             parse_address(address)
         if not isinstance(retry_unknown, bool):
             raise ConfigError(f"retry_unknown must be True or False, got {retry_unknown!r}")
-        self.config = (config or Config()).replace(**overrides)
         self.runtime: Runtime = resolve_runtime(runtime)
         self.addresses = addresses
         self.retry_unknown = retry_unknown

@@ -66,6 +66,10 @@ def test_comma_joined_addresses_are_split_and_config_carries_lists() -> None:
     assert split._discovery.direct == ["127.0.0.1:1", "127.0.0.1:2"]
     with pytest.raises(ConfigError, match="nsqd_tcp_addresses"):
         Consumer("t", "c", lambda m: None, nsqd_tcp_addresses="127.0.0.1:1,")
+    with Producer("127.0.0.1:1, 127.0.0.1:2") as producer:
+        assert producer.addresses == ["127.0.0.1:1", "127.0.0.1:2"]
+    with Producer([], config=cfg) as producer:
+        assert producer.addresses == ["127.0.0.1:4150", "127.0.0.1:4152"]
 
 
 def test_snappy_without_python_snappy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

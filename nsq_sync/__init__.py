@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from nsq_sync._version import __version__
+from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerStats
 from nsq_sync.errors import NSQError, RequeueMessage
@@ -19,8 +20,10 @@ from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
 from nsq_sync.message import Message
 from nsq_sync.producer import Producer
+from nsq_sync.running import RunSummary
 
 __all__ = [
+    "BatchConsumer",
     "Config",
     "Consumer",
     "ConsumerStats",
@@ -30,6 +33,7 @@ __all__ = [
     "NsqdHTTPClient",
     "Producer",
     "RequeueMessage",
+    "RunSummary",
     "__version__",
 ]
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame
 from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.rdy import RDYManager
+from nsq_sync.running import RunSummary, run_to_end
 from nsq_sync.runtime import Runtime, resolve_runtime
 from nsq_sync.transport import parse_address
 
@@ -68,7 +67,8 @@ class ConsumerStats:
     in_flight: int = 0
     received: int = 0
     finished: int = 0
-    requeued: int = 0
+    requeued: int = 0  # every REQ sent: after failures, by message.requeue(), at stop
+    failed: int = 0  # handler calls that raised (RequeueMessage aside)
     gave_up: int = 0
     skipped: int = 0
     backoff_level: int = 0
@@ -174,6 +174,7 @@ class Consumer:
             on_fatal=self._on_fatal,
             finish_many=self._finish_many,
             on_pending=self._flusher.watch,
+            on_failed=self._on_failed,
         )
         self._discovery = ConnectionManager(
             topic=self.topic,
@@ -198,7 +199,9 @@ class Consumer:
         self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
         self._stopping = False
         self._rdy_task: Any = None
-        self._counts = {"received": 0, "finished": 0, "requeued": 0, "gave_up": 0, "skipped": 0}
+        self._counts = dict.fromkeys(
+            ("received", "finished", "requeued", "failed", "gave_up", "skipped"), 0
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -230,30 +233,38 @@ class Consumer:
         self._rdy_task = self.runtime.spawn(self._rdy_loop, name=f"nsq_sync-rdy-{name}")
         self._discovery.start(name)
 
-    def run(self) -> None:
-        """Start, block until :meth:`stop` or SIGTERM/SIGINT, then stop gracefully.
+    def run(
+        self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
+    ) -> RunSummary:
+        """Start, block until an end, then stop gracefully (see :mod:`nsq_sync.running`).
+
+        The ends: :meth:`stop` (reason ``"stopped"``), SIGTERM/SIGINT (``"signal"``),
+        ``timeout`` seconds (``"timeout"``), ``idle_timeout`` seconds without a message while
+        credit was open (``"idle"``; backoff, reconnecting and pausing are not idle), or
+        ``max_messages`` handler calls started (``"max_messages"``; later messages are requeued
+        at once). Signal handlers are installed only when called from the main thread, and
+        restored after.
+
+        Args:
+            timeout, idle_timeout: seconds (float or timedelta) > 0, or None.
+            max_messages: an int >= 1, or None.
+
+        Returns:
+            A :class:`~nsq_sync.running.RunSummary` (``summary.ok`` is False when a handler
+            failed or a message was given up).
 
         Returns once the consumer is fully stopped, also when a handler called :meth:`stop`.
-        Signal handlers are installed only when called from the main thread, and restored after.
 
         Raises:
+            ConfigError: a bad argument (nothing started).
+            Stopped: the consumer was stopped before.
             SystemExit, KeyboardInterrupt: a handler raised it; that message was requeued and
                 the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
                 worker).
         """
-        self.start()
-        previous: dict[signal.Signals, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
-        try:
-            self._stopped_event.wait()  # signals interrupt the wait on POSIX
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self.stop()
-        if self._fatal is not None:
-            raise self._fatal
+        return run_to_end(
+            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
+        )
 
     def _check_process(self) -> None:
         # A started consumer's threads do not survive a fork, and its sockets are the
@@ -262,9 +273,15 @@ class Consumer:
         if message is not None:
             raise Stopped(message)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.log.info("signal %d received; stopping", signum)
-        self._stopped_event.set()
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        """Install the run's gate on handler calls (see WorkerPool.admit)."""
+        self._pool.admit = admit
+
+    def _credit(self) -> tuple[int, int, int]:
+        """(messages nsqds may still send, messages in flight, messages received so far): what
+        run() judges idleness by and BatchConsumer closes batches by."""
+        with self._lock:
+            return self._rdy.credit_left(), self._total_in_flight(), self._counts["received"]
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
@@ -692,6 +709,10 @@ class Consumer:
         with self._lock:
             self._counts["skipped"] += 1
         self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
+
+    def _on_failed(self, message: Message) -> None:
+        with self._lock:
+            self._counts["failed"] += 1
 
     def _on_gave_up(self, message: Message) -> None:
         with self._lock:

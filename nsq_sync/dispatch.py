@@ -79,6 +79,7 @@ class WorkerPool:
         on_gave_up: called after the give-up handler took a message.
         on_fatal: called (on the worker) with a SystemExit/KeyboardInterrupt a handler raised,
             after its message was requeued.
+        on_failed: called when the handler raised (RequeueMessage aside).
         finish_many: finishes messages whose handler returned (already marked answered), in
             order; None finishes each with ``message.finish()`` at once.
         on_pending: called when a worker starts a handler while FINs are held; it must make
@@ -101,6 +102,7 @@ class WorkerPool:
         finish_many: Callable[[list[Message]], None] | None = None,
         on_pending: Callable[[], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_failed: Callable[[Message], None] | None = None,
     ) -> None:
         self.runtime = runtime
         self.handler = handler
@@ -114,6 +116,10 @@ class WorkerPool:
         self.finish_many = finish_many
         self.on_pending = on_pending
         self.on_fatal = on_fatal
+        self.on_failed = on_failed
+        #: called before each message is handled (handler call or give-up); False: it is not,
+        #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
+        self.admit: Callable[[Message], bool] | None = None
         self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
         # deques: append and popleft are atomic, so workers and the flusher share them lock-free
         self._messages: deque[Message] = deque()
@@ -219,7 +225,7 @@ class WorkerPool:
         if self.is_stale(message):
             self.on_skip(message)
             return False
-        if self.stopping:
+        if self.stopping or (self.admit is not None and not self.admit(message)):
             message.requeue(0.0, backoff=False)
             return False
         if 0 < self.max_attempts < message.attempts:
@@ -236,6 +242,8 @@ class WorkerPool:
                     message.requeue(None, req.backoff)
             return False
         except Exception:
+            if self.on_failed is not None:
+                self.on_failed(message)
             if message.has_responded:
                 self.log.exception("handler failed after answering message %r", message)
                 return False

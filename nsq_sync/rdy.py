@@ -136,6 +136,10 @@ class RDYManager:
             c.in_flight > 0 and c.in_flight >= c.rdy * STARVED_RATIO for c in self.conns.values()
         )
 
+    def credit_left(self) -> int:
+        """Messages nsqds may still send: RDY above in-flight, summed over connections."""
+        return sum(max(0, c.rdy - c.in_flight) for c in self.conns.values())
+
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None."""
         deadlines = []

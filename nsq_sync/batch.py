@@ -1,0 +1,287 @@
+"""BatchConsumer: handle messages in batches, on top of the Consumer's machinery.
+
+The consumer's worker pool hands each message to :meth:`BatchConsumer._collect`, which marks it
+async (the pool neither finishes nor requeues it) and adds it to the open batch. One batch task
+closes the open batch and calls ``handle_batch(messages)`` when the batch holds ``batch_size``
+messages, ``batch_timeout`` seconds after its first message, or as soon as no more credit can
+fill it: every nsqd's RDY is used up by messages in flight and all of them are in the batch
+machinery (nothing received is still on its way), as after a backoff step's RDY 0, a pause or a
+stop. Then:
+
+* ``handle_batch`` returns → the messages it did not answer itself are finished, one write per
+  connection (the consumer's batched FIN path);
+* it raises → the error is logged and the messages it did not answer are requeued with the
+  consumer's delay policy, and backoff counts one failure (backoff takes one result per window);
+  a message on its last attempt (``max_attempts``) goes to the give-up handler instead.
+
+``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
+batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
+handler runs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nsq_sync.config import Config
+from nsq_sync.consumer import Consumer, ConsumerStats
+from nsq_sync.dispatch import GiveUpHandler
+from nsq_sync.errors import ConfigError
+from nsq_sync.message import Message
+from nsq_sync.running import RunSummary, run_to_end
+
+__all__ = ["BatchConsumer", "BatchHandler"]
+
+BatchHandler = Callable[[list[Message]], Any]
+
+#: longest gap between two looks at the consumer's credit while a batch is open, in seconds
+POLL = 0.01
+
+
+class BatchConsumer:
+    """Consumes ``topic``/``channel`` and calls ``handle_batch(list_of_messages)``, one batch at
+    a time.
+
+    Args:
+        topic, channel: what to subscribe to.
+        handle_batch: called with a list of 1 to ``batch_size`` messages on the batch task.
+            Returning finishes every message it did not answer itself; raising requeues them
+            (with backoff).
+        batch_size: most messages in a batch.
+        batch_timeout: seconds (float or timedelta) a batch stays open after its first message.
+        giving_up, config, nsqd_tcp_addresses, lookupd_http_addresses, runtime and any Config
+            option: as for :class:`~nsq_sync.consumer.Consumer`. ``max_in_flight`` defaults to
+            ``batch_size`` (or the config's value when larger).
+
+    Raises:
+        ConfigError: a bad batch_size or batch_timeout, ``max_in_flight`` below ``batch_size``,
+            ``concurrency`` (batches are handled one at a time), or anything Consumer rejects.
+        InvalidName: a bad topic or channel name.
+
+    Thread-safety: every public method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handle_batch: BatchHandler,
+        batch_size: int = 100,
+        batch_timeout: Any = 1.0,
+        *,
+        giving_up: GiveUpHandler | None = None,
+        config: Config | None = None,
+        **options: Any,
+    ) -> None:
+        if not callable(handle_batch):
+            raise ConfigError(f"handle_batch must be callable, got {handle_batch!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if isinstance(batch_timeout, datetime.timedelta):
+            batch_timeout = batch_timeout.total_seconds()
+        if (
+            isinstance(batch_timeout, bool)
+            or not isinstance(batch_timeout, (int, float))
+            or not math.isfinite(batch_timeout)
+            or batch_timeout <= 0
+        ):
+            raise ConfigError(f"batch_timeout must be seconds > 0, got {batch_timeout!r}")
+        if "concurrency" in options:
+            raise ConfigError("BatchConsumer handles one batch at a time: no concurrency option")
+        if "max_in_flight" in options:
+            max_in_flight = options.pop("max_in_flight")
+            if isinstance(max_in_flight, int) and max_in_flight < batch_size:
+                raise ConfigError(
+                    f"max_in_flight ({max_in_flight}) must be at least batch_size "
+                    f"({batch_size}): a batch would wait for credit it cannot get"
+                )
+        else:
+            max_in_flight = max(batch_size, config.max_in_flight if config else 1)
+        self.handle_batch = handle_batch
+        self.batch_size = batch_size
+        self.batch_timeout = float(batch_timeout)
+        self._consumer = Consumer(
+            topic,
+            channel,
+            self._collect,
+            concurrency=1,
+            giving_up=giving_up,
+            config=config,
+            max_in_flight=max_in_flight,
+            **options,
+        )
+        self.topic = self._consumer.topic
+        self.channel = self._consumer.channel
+        self.config = self._consumer.config
+        self.runtime = self._consumer.runtime
+        self.log = self._consumer.log
+        self._lock = self.runtime.lock()
+        self._open: list[Message] = []  # collected, not yet handed to handle_batch
+        self._opened_at = 0.0  # when the oldest message in _open arrived
+        self._busy = 0  # messages in the batch handle_batch is running on
+        self._wake = self.runtime.event()
+        self._closing = False
+        self._task: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the batch task and the consumer; returns at once.
+
+        Raises:
+            Stopped: the consumer was stopped (consumers are not restartable).
+        """
+        if self._task is None:
+            self._task = self.runtime.spawn(
+                self._batches, name=f"nsq_sync-batches-{self.topic}/{self.channel}"
+            )
+        self._consumer.start()
+
+    def run(
+        self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
+    ) -> RunSummary:
+        """As :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`; ``max_messages`` counts
+        messages put in batches, and ``handled`` in the summary too."""
+        return run_to_end(
+            self._consumer,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            max_messages=max_messages,
+            start=self.start,
+            stop=self.stop,
+            stats=self.stats,
+        )
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
+        then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`.
+
+        Returns:
+            True when everything in flight was answered before the deadline.
+        """
+        deadline = time.monotonic() + timeout
+        clean = self._consumer.stop(timeout)
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.join(max(0.1, deadline - time.monotonic()))
+        return clean
+
+    def __enter__(self) -> BatchConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> ConsumerStats:
+        """As :meth:`Consumer.stats <nsq_sync.consumer.Consumer.stats>`; ``failed`` counts every
+        message of a batch whose handler raised."""
+        return self._consumer.stats()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """As :meth:`Consumer.wait_connected <nsq_sync.consumer.Consumer.wait_connected>`."""
+        return self._consumer.wait_connected(timeout)
+
+    # ------------------------------------------------------------------ batching
+
+    def _collect(self, message: Message) -> None:
+        """The consumer's handler (on its one worker): add ``message`` to the open batch."""
+        message.enable_async()
+        with self._lock:
+            if not self._open:
+                self._opened_at = time.monotonic()
+            self._open.append(message)
+            wake = len(self._open) == 1 or len(self._open) >= self.batch_size
+        if wake:
+            self._wake.set()
+
+    def _cannot_grow(self, held: int) -> bool:
+        """True when no more messages can join the open batch: no credit left, and every message
+        in flight is held by the batches (none is still on its way to ``_collect``)."""
+        credit_left, in_flight, _ = self._consumer._credit()
+        return credit_left == 0 and in_flight <= held
+
+    def _batches(self) -> None:
+        while True:
+            batch: list[Message] = []
+            wait: float | None = None
+            with self._lock:
+                count = len(self._open)
+                held = count + self._busy
+                if count == 0:
+                    if self._closing:
+                        return
+                else:
+                    wait = self._opened_at + self.batch_timeout - time.monotonic()
+                    if count >= self.batch_size or wait <= 0 or self._closing:
+                        batch = self._take()
+            if not batch and count and self._cannot_grow(held):
+                with self._lock:
+                    batch = self._take()
+            if batch:
+                self._handle(batch)
+                continue
+            self._wake.wait(None if wait is None else min(POLL, wait))
+            self._wake.clear()
+
+    def _take(self) -> list[Message]:
+        """The oldest ``batch_size`` messages of the open batch (caller holds ``_lock``)."""
+        batch = self._open[: self.batch_size]
+        del self._open[: self.batch_size]
+        if self._open:
+            self._opened_at = time.monotonic()
+        self._busy = len(batch)
+        return batch
+
+    def _handle(self, batch: list[Message]) -> None:
+        consumer = self._consumer
+        live = []
+        for message in batch:
+            if message._conn.closed:  # type: ignore[attr-defined]
+                consumer._on_skip(message)  # nsqd redelivers it
+            else:
+                live.append(message)
+        try:
+            if live:
+                self._run_handler(live)
+        finally:
+            with self._lock:
+                self._busy = 0
+
+    def _run_handler(self, batch: list[Message]) -> None:
+        consumer = self._consumer
+        try:
+            self.handle_batch(batch)
+        except Exception:
+            unanswered = [m for m in batch if not m.has_responded]
+            self.log.exception(
+                "batch handler failed on %d message(s); requeueing %d",
+                len(batch),
+                len(unanswered),
+            )
+            max_attempts = self.config.max_attempts
+            for message in batch:
+                consumer._on_failed(message)
+            for message in unanswered:
+                if 0 < max_attempts <= message.attempts:
+                    consumer._pool._give_up(message)
+                else:
+                    message.requeue()
+            return
+        except BaseException:
+            # SystemExit, KeyboardInterrupt, GreenletExit: nothing may stay in flight
+            for message in batch:
+                if not message.has_responded:
+                    message.requeue(0.0, backoff=False)
+            raise
+        to_finish = [m for m in batch if not m.has_responded]
+        for message in to_finish:
+            message._responded = True  # claimed, as the worker pool does before finish_many
+        if to_finish:
+            consumer._finish_many(to_finish)

@@ -1,0 +1,234 @@
+"""Running a consumer to an end: ``Consumer.run(timeout=, idle_timeout=, max_messages=)``.
+
+Cron jobs and scripts drain what is there and exit with a status that says whether it all went
+well. :func:`run_to_end` starts a consumer, waits for one of the ends below, stops the consumer
+gracefully and returns a :class:`RunSummary`:
+
+* ``"stopped"``: :meth:`~nsq_sync.consumer.Consumer.stop` was called (from another thread);
+* ``"signal"``: SIGTERM or SIGINT arrived (handlers are installed from the main thread only);
+* ``"timeout"``: ``timeout`` seconds passed since the run started;
+* ``"idle"``: ``idle_timeout`` seconds passed without a message while credit was open, that is
+  while some nsqd could have sent one (RDY above its in-flight count). Time spent in backoff
+  (RDY 0), reconnecting (no connection) or paused (``max_in_flight`` 0) is not idle, nor is time
+  when every message the credit allows is in flight (the handlers are busy);
+* ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and messages
+  given up without one). The consumer pauses (RDY 0) at once and no further call starts:
+  messages that arrive after that are requeued at once with no delay, like those ``stop()``
+  hands back.
+
+Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
+``idle_timeout`` if that is shorter), so ends come at most that late.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nsq_sync.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nsq_sync.consumer import Consumer, ConsumerStats
+    from nsq_sync.message import Message
+
+__all__ = ["RunSummary", "run_to_end"]
+
+#: longest gap between two looks at the consumer's state while an end needs watching, in seconds
+POLL = 0.05
+
+REASONS = ("stopped", "signal", "timeout", "idle", "max_messages")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one :meth:`~nsq_sync.consumer.Consumer.run` did.
+
+    Attributes:
+        handled: messages handled during the run: handler calls started, and messages given up
+            without one (a BatchConsumer: messages put in batches).
+        finished: messages finished (FIN) during the run.
+        requeued: REQs sent during the run: after failures, by ``message.requeue()``, and the
+            messages handed back at the end.
+        failed: handler calls that raised (:class:`~nsq_sync.errors.RequeueMessage` aside; a
+            BatchConsumer counts every message of a batch whose handler raised).
+        gave_up: messages handed to the give-up handler (``max_attempts`` used up).
+        elapsed: seconds the run took, the graceful stop included.
+        reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
+            ``"max_messages"``.
+    """
+
+    handled: int
+    finished: int
+    requeued: int
+    failed: int
+    gave_up: int
+    elapsed: float
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        """True when no handler call failed and no message was given up (exit status 0)."""
+        return self.failed == 0 and self.gave_up == 0
+
+
+def _seconds(name: str, value: object) -> float | None:
+    """None, or seconds > 0 from a number or a timedelta; ConfigError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be seconds > 0 (or a timedelta), got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class _Admission:
+    """Counts messages handled (lock-free: ``next()`` on an itertools.count is atomic) and
+    refuses every one after the first ``limit``.
+
+    The call that takes the last place pauses the consumer (RDY 0) at once: the messages refused
+    after it are requeued with no delay, and an nsqd that still had credit would hand them
+    straight back, again and again, each time one attempt more.
+    """
+
+    def __init__(self, limit: int | None, on_reached: Callable[[], object]) -> None:
+        self.limit = limit
+        self.on_reached = on_reached
+        self._calls = itertools.count()
+        self.reached = False
+
+    def __call__(self, message: Message) -> bool:
+        n = next(self._calls)
+        if self.limit is None:
+            return True
+        if n + 1 == self.limit:
+            self.reached = True
+            self.on_reached()
+        return n < self.limit
+
+    def admitted(self) -> int:
+        """Calls admitted so far (call once, at the end: it counts itself)."""
+        calls = next(self._calls)
+        return calls if self.limit is None else min(calls, self.limit)
+
+
+def run_to_end(
+    consumer: Consumer,
+    *,
+    timeout: Any = None,
+    idle_timeout: Any = None,
+    max_messages: Any = None,
+    start: Callable[[], None] | None = None,
+    stop: Callable[[], object] | None = None,
+    stats: Callable[[], ConsumerStats] | None = None,
+) -> RunSummary:
+    """Start ``consumer``, block until an end (see the module docstring), stop it gracefully.
+
+    Args:
+        consumer: the consumer whose state is watched.
+        timeout, idle_timeout: seconds (or timedelta) > 0, or None for no such end.
+        max_messages: handler calls, or None.
+        start, stop, stats: what starts, stops and counts (default: the consumer's own; a
+            BatchConsumer passes its own).
+
+    Raises:
+        ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
+        SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
+    """
+    run_for = _seconds("timeout", timeout)
+    idle_for = _seconds("idle_timeout", idle_timeout)
+    limit = _count("max_messages", max_messages)
+    start = start or consumer.start
+    stop = stop or consumer.stop
+    stats = stats or consumer.stats
+
+    began = time.monotonic()
+    before = stats()
+    admission = _Admission(limit, on_reached=lambda: consumer.set_max_in_flight(0))
+    consumer._set_admit(admission)
+    stopped = consumer._stopped_event
+    signalled: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        consumer.log.info("signal %d received; stopping", signum)
+        signalled.append(signum)
+        stopped.set()
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    reason = "stopped"
+    try:
+        start()
+        poll = None
+        if idle_for is not None or limit is not None:
+            poll = POLL if idle_for is None else min(POLL, idle_for / 10)
+        deadline = None if run_for is None else began + run_for
+        idle_since: float | None = None
+        received = -1
+        while True:
+            now = time.monotonic()
+            wait = poll
+            if deadline is not None:
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                wait = deadline - now if wait is None else min(wait, deadline - now)
+            # signals interrupt the wait on POSIX; a signal or stop() sets the event
+            if stopped.wait(wait):
+                reason = "signal" if signalled else "stopped"
+                break
+            if admission.reached:
+                reason = "max_messages"
+                break
+            if idle_for is not None:
+                credit, _, count = consumer._credit()
+                credit_open = credit > 0
+                now = time.monotonic()
+                if count != received or not credit_open:
+                    received = count
+                    idle_since = now if credit_open else None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= idle_for:
+                    reason = "idle"
+                    break
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop()
+    if consumer._fatal is not None:  # a handler raised SystemExit/KeyboardInterrupt
+        raise consumer._fatal
+    after = stats()
+    summary = RunSummary(
+        handled=admission.admitted(),
+        finished=after.finished - before.finished,
+        requeued=after.requeued - before.requeued,
+        failed=after.failed - before.failed,
+        gave_up=after.gave_up - before.gave_up,
+        elapsed=time.monotonic() - began,
+        reason=reason,
+    )
+    consumer.log.info("run ended (%s): %s", reason, summary)
+    return summary

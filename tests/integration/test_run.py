@@ -1,0 +1,195 @@
+"""Consumer.run(timeout=, idle_timeout=, max_messages=) against a real nsqd: every end, the
+summary it returns, and nothing left in flight on nsqd afterwards."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.nsq import bounded
+from support.nsq import wait_for as _wait_for
+
+from nsq_sync import Consumer, Message, NsqdHTTPClient, RequeueMessage, RunSummary
+from nsq_sync.errors import ConfigError
+from nsq_sync.testing import NsqdProcess
+
+pytestmark = pytest.mark.integration
+
+CHANNEL = "ch"
+wait_for = functools.partial(_wait_for, timeout=20.0, interval=0.01)
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    yield from bounded(120.0)
+
+
+def prepare(nsqd: NsqdProcess, topic: str, n: int) -> NsqdHTTPClient:
+    client = NsqdHTTPClient(nsqd.http_url)
+    client.create_topic(topic)
+    client.create_channel(topic, CHANNEL)
+    if n:
+        client.mpub(topic, [f"m{i}".encode() for i in range(n)])
+    return client
+
+
+def channel(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
+    stats = client.channel_stats(topic, CHANNEL)
+    assert stats is not None
+    return stats
+
+
+def make(nsqd: NsqdProcess, topic: str, handler: Any, **options: Any) -> Consumer:
+    return Consumer(topic, CHANNEL, handler, nsqd_tcp_addresses=[nsqd.tcp_address], **options)
+
+
+class Handled:
+    def __init__(self, fail_below: int = 0) -> None:
+        self.fail_below = fail_below  # raise on attempts below this
+        self.lock = threading.Lock()
+        self.bodies: list[bytes] = []
+        self.calls = 0
+
+    def __call__(self, message: Message) -> None:
+        with self.lock:
+            self.calls += 1
+        if message.attempts < self.fail_below:
+            raise RuntimeError(f"attempt {message.attempts} fails")
+        with self.lock:
+            self.bodies.append(message.body)
+
+
+def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, topic: str) -> None:
+    client = prepare(nsqd, topic, 40)
+    handler = Handled()
+    consumer = make(nsqd, topic, handler, max_in_flight=10, concurrency=4)
+    summary = consumer.run(idle_timeout=0.5)
+    assert isinstance(summary, RunSummary)
+    assert summary.reason == "idle"
+    assert (summary.handled, summary.finished, summary.requeued) == (40, 40, 0)
+    assert (summary.failed, summary.gave_up) == (0, 0)
+    assert summary.ok
+    assert summary.elapsed >= 0.5
+    assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(40))
+    stats = channel(client, topic)
+    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
+    assert consumer.stats().finished == 40
+
+
+def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    client = prepare(nsqd, topic, 60)
+    handler = Handled()
+    consumer = make(nsqd, topic, handler, max_in_flight=25, concurrency=3)
+    summary = consumer.run(max_messages=10, timeout=30.0)
+    assert summary.reason == "max_messages"
+    assert handler.calls == 10
+    assert (summary.handled, summary.finished, summary.failed) == (10, 10, 0)
+    assert summary.ok
+    # everything received beyond the 10 went back with no delay: all 50 are ready again
+    stats = channel(client, topic)
+    assert stats["in_flight_count"] == 0
+    assert stats["deferred_count"] == 0
+    assert stats["depth"] == 50
+    assert summary.requeued == consumer.stats().received - 10
+    assert summary.requeued == stats["requeue_count"]
+
+
+def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, topic: str) -> None:
+    prepare(nsqd, topic, 0)
+    consumer = make(nsqd, topic, Handled(), max_in_flight=0)  # paused: never idle
+    summary = consumer.run(timeout=datetime.timedelta(seconds=1.0), idle_timeout=0.2)
+    assert summary.reason == "timeout"
+    assert summary.elapsed >= 1.0
+    assert (summary.handled, summary.finished, summary.requeued, summary.failed) == (0, 0, 0, 0)
+    assert summary.ok
+
+
+def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, topic: str) -> None:
+    """Backoff (RDY 0) lasts longer than idle_timeout here, and failed messages are requeued
+    with no delay (a delayed one would be idle time: nsqd holds it back): a drain that took any
+    time without messages for idleness would stop after the first failures."""
+    client = prepare(nsqd, topic, 5)
+    handler = Handled(fail_below=3)  # attempts 1 and 2 fail
+    consumer = make(
+        nsqd,
+        topic,
+        handler,
+        max_in_flight=5,
+        default_requeue_delay=0.0,
+        backoff_multiplier=0.4,  # 0.8 s, 1.6 s, ... per level: longer than idle_timeout
+        max_backoff_duration=2.0,
+    )
+    summary = consumer.run(idle_timeout=0.5, timeout=60.0)
+    assert summary.reason == "idle"
+    assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(5))
+    assert summary.finished == 5
+    assert summary.failed == 10  # two failed attempts per message
+    assert summary.requeued == 10
+    assert not summary.ok
+    assert consumer.stats().failed == 10
+    stats = channel(client, topic)
+    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
+
+
+def test_stop_from_another_thread_ends_the_run_as_stopped(nsqd: NsqdProcess, topic: str) -> None:
+    prepare(nsqd, topic, 0)
+    consumer = make(nsqd, topic, Handled())
+    result: list[RunSummary] = []
+    runner = threading.Thread(target=lambda: result.append(consumer.run(idle_timeout=60.0)))
+    runner.start()
+    assert consumer.wait_connected(20.0)
+    consumer.stop()
+    runner.join(20.0)
+    assert result and result[0].reason == "stopped"
+
+
+def test_requeue_counts_every_req_and_failed_only_exceptions(nsqd: NsqdProcess, topic: str) -> None:
+    """requeued: handler exceptions, RequeueMessage and message.requeue() alike; failed: only
+    the exceptions."""
+    client = prepare(nsqd, topic, 0)
+
+    def handler(message: Message) -> None:
+        kind = message.body.split(b":")[0]
+        if message.attempts > 1:
+            return
+        if kind == b"raise":
+            raise ValueError("boom")
+        if kind == b"requeue-exc":
+            raise RequeueMessage(delay=0.0, backoff=False)
+        if kind == b"requeue":
+            message.requeue(0.0, backoff=False)
+
+    client.mpub(topic, [b"raise:1", b"requeue-exc:2", b"requeue:3", b"ok:4"])
+    consumer = make(nsqd, topic, handler, max_in_flight=4, default_requeue_delay=0.0)
+    summary = consumer.run(idle_timeout=0.5, timeout=30.0)
+    assert (summary.failed, summary.requeued, summary.finished) == (1, 3, 4)
+    assert summary.handled == 7
+    stats = consumer.stats()
+    assert (stats.failed, stats.requeued) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"idle_timeout": -1.0}, "idle_timeout"),
+        ({"idle_timeout": "5"}, "idle_timeout"),
+        ({"max_messages": 0}, "max_messages"),
+        ({"max_messages": 2.5}, "max_messages"),
+    ],
+)
+def test_bad_run_arguments_raise_before_anything_starts(
+    nsqd: NsqdProcess, topic: str, kwargs: dict[str, Any], name: str
+) -> None:
+    consumer = make(nsqd, topic, Handled())
+    with pytest.raises(ConfigError, match=name):
+        consumer.run(**kwargs)
+    assert consumer.connections == []
+    consumer.start()
+    consumer.stop(5.0)

@@ -127,9 +127,7 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
-def test_messages_the_handler_answered_itself_are_left_alone(
-    nsqd: NsqdProcess, topic: str
-) -> None:
+def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, topic: str) -> None:
     client = prepare(nsqd, topic, 5)
     seen: list[tuple[bytes, int]] = []
 

@@ -1,0 +1,566 @@
+"""The ``nsq-sync`` command line (also ``python -m nsq_sync``).
+
+    nsq-sync pub TOPIC [BODY ...]      [--delay S] [--batch N] [--rate R]
+    nsq-sync tail TOPIC                [-c CHANNEL] [-n N] [--format raw|json]
+    nsq-sync drain TOPIC CHANNEL       [-o FILE] [--idle-timeout S] [--max-messages N] [--timeout S]
+                                       [--format raw|json]
+    nsq-sync stats                     [--topic T]
+    nsq-sync lookup TOPIC
+
+Common options, before or after the subcommand: ``--nsqd-tcp-address HOST:PORT`` and
+``--lookupd-http-address URL`` (both repeatable), ``--nsqd-http-address URL`` (repeatable),
+``-v``. Data goes to stdout; logs, errors and progress go to stderr. Exit status: 0 done (SIGTERM
+or SIGINT on tail or drain is a graceful stop), 1 messages failed or a server could not be
+reached, 2 bad usage or a bad name (nothing sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+from nsq_sync._http_base import parse_http_address
+from nsq_sync._progress import Progress
+from nsq_sync._version import __version__
+from nsq_sync.config import Config
+from nsq_sync.connection import NsqdConnection
+from nsq_sync.consumer import Consumer
+from nsq_sync.errors import (
+    ConfigError,
+    HTTPAPIError,
+    InvalidBody,
+    InvalidName,
+    NSQConnectionError,
+    PublishError,
+)
+from nsq_sync.http import NsqdHTTPClient
+from nsq_sync.lookupd import LookupdClient
+from nsq_sync.message import Message
+from nsq_sync.producer import Producer
+from nsq_sync.protocol.names import validate_channel, validate_topic
+from nsq_sync.running import RunSummary
+from nsq_sync.transport import parse_address
+
+__all__ = ["main"]
+
+log = logging.getLogger("nsq_sync.cli")
+
+PROG = "nsq-sync"
+#: (dest, flag, metavar, help) of the options every subcommand takes, before or after its name
+COMMON = (
+    ("nsqd_tcp_addresses", "--nsqd-tcp-address", "HOST:PORT", "an nsqd's TCP address"),
+    ("lookupd_http_addresses", "--lookupd-http-address", "URL", "an nsqlookupd's HTTP address"),
+    ("nsqd_http_addresses", "--nsqd-http-address", "URL", "an nsqd's HTTP address"),
+)
+DIAL_TIMEOUT = 5.0
+
+
+class UsageError(Exception):
+    """Bad usage found after parsing (exit 2, nothing sent)."""
+
+
+class Unreachable(Exception):
+    """A server could not be reached (exit 1); the message names its host:port."""
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _positive_float(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """The common options, stored under ``prefix + dest`` (so values given before and after
+    the subcommand are merged instead of one overwriting the other)."""
+    group = parser.add_argument_group("servers")
+    for dest, flag, metavar, text in COMMON:
+        group.add_argument(
+            flag,
+            dest=prefix + dest,
+            metavar=metavar,
+            action="append",
+            default=[],
+            help=text + " (repeatable)",
+        )
+    parser.add_argument(
+        "-v", "--verbose", dest=prefix + "verbose", action="count", default=0, help="more logs"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Publish to, read from and inspect NSQ from a shell."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _add_common(parser, "top_")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=text, description=text)
+        _add_common(sub, "sub_")
+        return sub
+
+    pub = command("pub", "publish BODY arguments, or one message per stdin line")
+    pub.add_argument("topic", metavar="TOPIC")
+    pub.add_argument("bodies", metavar="BODY", nargs="*", help="message bodies (UTF-8)")
+    pub.add_argument("--delay", type=_non_negative_float, help="defer each message S seconds")
+    pub.add_argument("--batch", type=_positive_int, default=1, help="N messages per MPUB")
+    pub.add_argument("--rate", type=_positive_float, help="at most R messages per second")
+    pub.set_defaults(func=cmd_pub)
+
+    tail = command("tail", "print messages as they arrive (an ephemeral channel by default)")
+    tail.add_argument("topic", metavar="TOPIC")
+    tail.add_argument("-c", "--channel", help="channel (default: a new ephemeral one)")
+    tail.add_argument("-n", type=_positive_int, dest="count", help="exit after N messages")
+    tail.add_argument("--format", choices=("raw", "json"), default="raw")
+    tail.set_defaults(func=cmd_tail)
+
+    drain = command("drain", "consume a channel until it is idle, then exit")
+    drain.add_argument("topic", metavar="TOPIC")
+    drain.add_argument("channel", metavar="CHANNEL")
+    drain.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    drain.add_argument("--idle-timeout", type=_positive_float, default=5.0, metavar="S")
+    drain.add_argument("--max-messages", type=_positive_int, metavar="N")
+    drain.add_argument("--timeout", type=_positive_float, metavar="S", help="stop after S s")
+    drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
+    drain.add_argument("--format", choices=("raw", "json"), default="raw")
+    drain.set_defaults(func=cmd_drain)
+
+    stats = command("stats", "topics and channels of nsqd(s) as a table")
+    stats.add_argument("--topic", help="only this topic")
+    stats.set_defaults(func=cmd_stats)
+
+    lookup = command("lookup", "the nsqds that carry TOPIC, from nsqlookupd")
+    lookup.add_argument("topic", metavar="TOPIC")
+    lookup.set_defaults(func=cmd_lookup)
+    return parser
+
+
+def _merge_common(args: argparse.Namespace) -> None:
+    for dest, *_ in COMMON:
+        setattr(args, dest, getattr(args, "top_" + dest) + getattr(args, "sub_" + dest))
+    args.verbose = args.top_verbose + args.sub_verbose
+    for address in args.nsqd_tcp_addresses:
+        parse_address(address)  # ConfigError names the bad one
+    args.lookupd_http_addresses = [parse_http_address(a)[0] for a in args.lookupd_http_addresses]
+    args.nsqd_http_addresses = [parse_http_address(a)[0] for a in args.nsqd_http_addresses]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _host_port(url_or_address: str) -> str:
+    return urlsplit(url_or_address).netloc or url_or_address
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason (the innermost OS error's text) for an unreachable server."""
+    match = re.search(r"\[Errno -?\d+\] ([^\"'()]+)", str(exc))
+    if match:
+        return match.group(1).strip().rstrip(".")
+    if "timed out" in str(exc).lower():
+        return "timed out"
+    return "no answer"
+
+
+def _unreachable(what: str, address: str, exc: BaseException) -> Unreachable:
+    return Unreachable(f"cannot reach {what} {_host_port(address)}: {_why(exc)}")
+
+
+def _http_call(what: str, client: Any, call: Any) -> Any:
+    """``call(client)``, turning a request that got no answer into Unreachable."""
+    try:
+        return call(client)
+    except HTTPAPIError as exc:
+        if exc.status is None and "request failed" in str(exc.args[0]):
+            raise _unreachable(what, client.address, exc) from None
+        raise
+
+
+def _check_nsqds(addresses: Sequence[str]) -> None:
+    """Fail fast (exit 1) when an nsqd does not accept connections: a consumer would retry
+    quietly for ever."""
+    for address in addresses:
+        # a full handshake: a bare TCP connect and close makes nsqd log an ERROR every run
+        conn = NsqdConnection(address, Config(dial_timeout=DIAL_TIMEOUT), runtime="threads")
+        try:
+            conn.connect()
+        except NSQConnectionError as exc:
+            raise _unreachable("nsqd", address, exc) from None
+        finally:
+            conn.close()
+
+
+def _lookup(args: argparse.Namespace, topic: str) -> list[str]:
+    """tcp addresses of the nsqds that carry ``topic``, from every lookupd (merged)."""
+    found: set[str] = set()
+    for address in args.lookupd_http_addresses:
+        with LookupdClient(address) as client:
+            producers = _http_call("nsqlookupd", client, lambda c: c.lookup(topic))
+        found.update(p.tcp_address for p in producers)
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _format(message: Message, fmt: str) -> bytes:
+    if fmt == "raw":
+        return message.body + b"\n"
+    record: dict[str, Any] = {
+        "id": message.id.decode("ascii", "replace"),
+        "timestamp": message.timestamp,
+        "attempts": message.attempts,
+    }
+    try:
+        record["body"] = message.body.decode("utf-8")
+    except UnicodeDecodeError:  # keep every byte: the exact body in base64 beside a readable one
+        record["body"] = message.body.decode("utf-8", "replace")
+        record["body_base64"] = base64.b64encode(message.body).decode("ascii")
+    return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def _writer(stream: BinaryIO, fmt: str, progress: Progress | None = None) -> Any:
+    """A handler writing each message to ``stream``; the write is flushed before the handler
+    returns (and the message is finished)."""
+
+    def handle(message: Message) -> None:
+        stream.write(_format(message, fmt))
+        stream.flush()
+        if progress is not None:
+            progress.add()
+
+    return handle
+
+
+def _check_sources(args: argparse.Namespace) -> None:
+    """Usage first (exit 2), then reachability (exit 1): nsqds accept connections, lookupds
+    answer."""
+    if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
+        raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
+    _check_nsqds(args.nsqd_tcp_addresses)
+    for address in args.lookupd_http_addresses:
+        with LookupdClient(address) as client:
+            _http_call("nsqlookupd", client, lambda c: c.ping())
+
+
+def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: Any) -> Consumer:
+    return Consumer(
+        args.topic,
+        channel,
+        handler,
+        nsqd_tcp_addresses=args.nsqd_tcp_addresses,
+        lookupd_http_addresses=args.lookupd_http_addresses,
+        runtime="threads",
+        **options,
+    )
+
+
+def _exit_status(summary: RunSummary) -> int:
+    return 0 if summary.ok else 1
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _stdin_bodies(stdin: BinaryIO) -> Iterator[bytes]:
+    skipped = 0
+    for line in stdin:
+        body = line.rstrip(b"\n").rstrip(b"\r")
+        if body:
+            yield body
+        else:
+            skipped += 1
+    if skipped:
+        log.warning("skipped %d empty line(s): nsqd rejects empty messages", skipped)
+
+
+def _chunks(bodies: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for body in bodies:
+        chunk.append(body)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    topic = validate_topic(args.topic)
+    if args.delay is not None and args.batch > 1:
+        raise UsageError("--delay publishes one message at a time (DPUB): drop --batch")
+    bodies: Iterable[bytes]
+    if args.bodies:
+        encoded = [b.encode("utf-8") for b in args.bodies]
+        for index, body in enumerate(encoded):
+            if not body:
+                raise InvalidBody(f"BODY {index + 1} is empty: nsqd rejects empty messages")
+        bodies = encoded
+    else:
+        bodies = _stdin_bodies(sys.stdin.buffer)
+    addresses = list(args.nsqd_tcp_addresses)
+    if not addresses and args.lookupd_http_addresses:
+        for address in args.lookupd_http_addresses:
+            with LookupdClient(address) as client:
+                nodes = _http_call("nsqlookupd", client, lambda c: c.nodes())
+            addresses += [n.tcp_address for n in nodes if n.tcp_address not in addresses]
+        if not addresses:
+            raise Unreachable("no nsqd is registered with nsqlookupd")
+    if not addresses:
+        raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
+    _check_nsqds(addresses)  # one clear line now rather than retries until the publish timeout
+    sent = 0
+    began = time.monotonic()
+    with Producer(addresses) as producer:
+        for chunk in _chunks(bodies, args.batch):
+            if args.rate is not None:  # pace: chunk k may start at k * batch / rate
+                wait = began + sent / args.rate - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            if args.delay is not None:
+                producer.deferred_publish(topic, chunk[0], delay=args.delay)
+            elif len(chunk) == 1:
+                producer.publish(topic, chunk[0])
+            else:
+                producer.multi_publish(topic, chunk)
+            sent += len(chunk)
+    log.info("published %d message(s) to %s", sent, topic)
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    validate_topic(args.topic)
+    if args.channel is None:
+        channel = f"nsq_sync_tail{random.randrange(10**6):06d}#ephemeral"
+    else:
+        channel = validate_channel(args.channel)
+    _check_sources(args)
+    max_in_flight = min(args.count or 200, 200)
+    consumer = _consumer(
+        args, channel, _writer(sys.stdout.buffer, args.format), max_in_flight=max_in_flight
+    )
+    summary = consumer.run(max_messages=args.count)
+    return _exit_status(summary)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    validate_topic(args.topic)
+    channel = validate_channel(args.channel)
+    if args.max_messages is not None:
+        args.max_in_flight = min(args.max_in_flight, args.max_messages)
+    _check_sources(args)
+    no_nsqd = args.lookupd_http_addresses and not args.nsqd_tcp_addresses
+    if no_nsqd and not _lookup(args, args.topic):
+        log.info("no nsqd carries %s: nothing to drain", args.topic)
+        return 0
+    progress = Progress(sys.stderr, "messages")
+    output: BinaryIO = sys.stdout.buffer
+    if args.output not in (None, "-"):
+        output = open(args.output, "wb")  # noqa: SIM115 (closed below, after the run)
+    try:
+        consumer = _consumer(
+            args, channel, _writer(output, args.format, progress), max_in_flight=args.max_in_flight
+        )
+        progress.start()
+        summary = consumer.run(
+            timeout=args.timeout, idle_timeout=args.idle_timeout, max_messages=args.max_messages
+        )
+    finally:
+        if output is not sys.stdout.buffer:
+            output.close()
+    progress.close(
+        f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
+        f"{summary.elapsed:.1f} s ({summary.reason})"
+    )
+    if not summary.ok:
+        log.error(
+            "%d handler call(s) failed and %d message(s) were given up; failed messages were "
+            "requeued",
+            summary.failed,
+            summary.gave_up,
+        )
+    return _exit_status(summary)
+
+
+STATS_COLUMNS = (
+    "NSQD",
+    "TOPIC",
+    "CHANNEL",
+    "DEPTH",
+    "IN_FLIGHT",
+    "DEFERRED",
+    "MESSAGES",
+    "REQUEUED",
+    "TIMED_OUT",
+    "CLIENTS",
+    "PAUSED",
+)
+
+
+def _stats_rows(nsqd: str, stats: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for topic in sorted(stats.get("topics") or [], key=lambda t: str(t.get("topic_name"))):
+        channels = topic.get("channels") or []
+        rows.append(
+            [
+                nsqd,
+                str(topic.get("topic_name")),
+                "-",
+                str(topic.get("depth", "")),
+                str(sum(int(c.get("in_flight_count", 0)) for c in channels)),
+                str(sum(int(c.get("deferred_count", 0)) for c in channels)),
+                str(topic.get("message_count", "")),
+                "-",
+                "-",
+                "-",
+                "yes" if topic.get("paused") else "no",
+            ]
+        )
+        for chan in sorted(channels, key=lambda c: str(c.get("channel_name"))):
+            rows.append(
+                [
+                    nsqd,
+                    str(topic.get("topic_name")),
+                    str(chan.get("channel_name")),
+                    str(chan.get("depth", "")),
+                    str(chan.get("in_flight_count", "")),
+                    str(chan.get("deferred_count", "")),
+                    str(chan.get("message_count", "")),
+                    str(chan.get("requeue_count", "")),
+                    str(chan.get("timeout_count", "")),
+                    str(len(chan.get("clients") or [])),
+                    "yes" if chan.get("paused") else "no",
+                ]
+            )
+    return rows
+
+
+def _table(header: Sequence[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
+    numeric = {i for i in range(len(header)) if i >= 3}
+    lines = []
+    for row in [list(header), *rows]:
+        cells = [
+            cell.rjust(widths[i]) if i in numeric and row is not header else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    topic = None if args.topic is None else validate_topic(args.topic)
+    addresses = list(args.nsqd_http_addresses)
+    if not addresses:
+        if not args.lookupd_http_addresses:
+            raise UsageError("needs --nsqd-http-address or --lookupd-http-address")
+        for address in args.lookupd_http_addresses:
+            with LookupdClient(address) as client:
+                nodes = _http_call("nsqlookupd", client, lambda c: c.nodes())
+            addresses += [n.http_address for n in nodes if n.http_address not in addresses]
+    rows: list[list[str]] = []
+    failures: list[str] = []
+    for address in addresses:
+        with NsqdHTTPClient(address) as client:
+            try:
+                stats = _http_call("nsqd", client, lambda c: c.stats(topic=topic))
+            except (Unreachable, HTTPAPIError) as exc:
+                failures.append(str(exc))
+                continue
+        rows += _stats_rows(_host_port(address), stats)
+    sys.stdout.write(_table(STATS_COLUMNS, rows))
+    for failure in failures:
+        print(f"{PROG} stats: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    topic = validate_topic(args.topic)
+    if not args.lookupd_http_addresses:
+        raise UsageError("needs --lookupd-http-address")
+    for address in _lookup(args, topic):
+        print(address)
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0, 1 or 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    where = f"{PROG} {args.command}"
+    try:
+        _merge_common(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(stream=sys.stderr, level=level, format=f"{where}: %(message)s")
+    if hasattr(signal, "SIGPIPE"):  # `nsq-sync tail T | head` ends quietly, as cat does
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        status: int = args.func(args)
+        return status
+    except (UsageError, InvalidName, InvalidBody, ConfigError) as exc:
+        print(f"{where}: error: {exc}", file=sys.stderr)
+        return 2
+    except Unreachable as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 1
+    except PublishError as exc:
+        reason = exc.reason
+        if isinstance(reason, NSQConnectionError) and reason.address:
+            print(f"{where}: cannot reach nsqd {reason.address}: {_why(reason)}", file=sys.stderr)
+        else:
+            print(f"{where}: {exc}", file=sys.stderr)
+        return 1
+    except (HTTPAPIError, NSQConnectionError) as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 1
+
+
+def run() -> None:
+    """The console script's entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

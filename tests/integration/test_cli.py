@@ -1,0 +1,377 @@
+"""The ``nsq-sync`` command line, run as a real subprocess against a real nsqd/nsqlookupd:
+output, exit status and stderr, bad input included."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.nsq import bounded, free_closed_port, wait_for
+
+from nsq_sync import NsqdHTTPClient
+from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT = 60.0
+
+
+@pytest.fixture(autouse=True)
+def watchdog() -> Iterator[None]:
+    yield from bounded(180.0)
+
+
+def nsq_sync(
+    *args: str, stdin: bytes | None = None, timeout: float = RUN_TIMEOUT
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -m nsq_sync ARGS`` to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "nsq_sync", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def spawn(*args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nsq_sync", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def one_clear_line(stderr: bytes) -> str:
+    text = stderr.decode()
+    assert "Traceback" not in text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def http(nsqd: NsqdProcess) -> NsqdHTTPClient:
+    return NsqdHTTPClient(nsqd.http_url)
+
+
+def channel_stats(nsqd: NsqdProcess, topic: str, channel: str) -> dict[str, Any]:
+    stats = http(nsqd).channel_stats(topic, channel)
+    assert stats is not None, f"no channel {topic}/{channel}"
+    return stats
+
+
+def has_client(nsqd: NsqdProcess, topic: str) -> bool:
+    with http(nsqd) as client:
+        entry = client.topic_stats(topic)
+    return bool(entry and any(c["clients"] for c in entry["channels"]))
+
+
+def prepare(nsqd: NsqdProcess, topic: str, channel: str, n: int) -> None:
+    with http(nsqd) as client:
+        client.create_topic(topic)
+        client.create_channel(topic, channel)
+        if n:
+            client.mpub(topic, [f"m{i}".encode() for i in range(n)])
+
+
+# --------------------------------------------------------------------------- pub
+
+
+def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, topic: str) -> None:
+    prepare(nsqd, topic, "ch", 0)
+    done = nsq_sync("pub", topic, "héllo", "world", "--nsqd-tcp-address", nsqd.tcp_address)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b""
+    lines = b"one\r\ntwo\n\nthree\nfour\nfive"
+    done = nsq_sync(
+        "--nsqd-tcp-address", nsqd.tcp_address, "pub", topic, "--batch", "2", stdin=lines
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"skipped 1 empty line" in done.stderr
+    # read them back through the command line: every body, in order, as JSON lines
+    drained = nsq_sync(
+        "drain", topic, "ch", "--format", "json", "--idle-timeout", "0.5",
+        "--nsqd-tcp-address", nsqd.tcp_address,
+    )  # fmt: skip
+    assert drained.returncode == 0, drained.stderr
+    records = [json.loads(line) for line in drained.stdout.decode().splitlines()]
+    assert [r["body"] for r in records] == ["héllo", "world", "one", "two", "three", "four", "five"]
+    assert all(len(r["id"]) == 16 and r["attempts"] == 1 and r["timestamp"] > 0 for r in records)
+
+
+def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
+    prepare(nsqd, topic, "ch", 0)
+    addr = ("--nsqd-tcp-address", nsqd.tcp_address)
+    done = nsq_sync("pub", topic, "later", "--delay", "60", *addr)
+    assert done.returncode == 0, done.stderr
+    assert channel_stats(nsqd, topic, "ch")["deferred_count"] == 1
+    done = nsq_sync("pub", topic, "--rate", "200", *addr, stdin=b"a\nb\nc\nd\n")
+    assert done.returncode == 0, done.stderr
+    assert channel_stats(nsqd, topic, "ch")["depth"] == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["pub", "bad topic!", "x"], "invalid topic name"),
+        (["pub", "TOPIC", ""], "BODY 1 is empty"),
+        (["pub", "TOPIC", "x", "--delay", "1", "--batch", "5"], "--delay"),
+        (["pub", "TOPIC", "x", "--rate", "-3"], "--rate"),
+        (["tail", "TOPIC", "-c", "no spaces"], "invalid channel name"),
+        (["drain", "TOPIC", "ch", "--idle-timeout", "soon"], "--idle-timeout"),
+        (["drain", "TOPIC", "ch", "--max-messages", "0"], "--max-messages"),
+        (["stats", "--topic", "a/b"], "invalid topic name"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_nothing_sent(
+    nsqd: NsqdProcess, topic: str, args: list[str], words: str
+) -> None:
+    args = [topic if a == "TOPIC" else a for a in args]
+    done = nsq_sync(*args, "--nsqd-tcp-address", nsqd.tcp_address)
+    assert done.returncode == 2
+    assert words in done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+    assert http(nsqd).topic_stats(topic) is None  # nothing reached nsqd
+
+
+def test_no_server_given_and_no_command_are_usage_errors() -> None:
+    assert nsq_sync().returncode == 2
+    done = nsq_sync("pub", "t", "x")
+    assert done.returncode == 2
+    assert "--nsqd-tcp-address" in one_clear_line(done.stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pub", "t", "x", "--nsqd-tcp-address", "127.0.0.1:{port}"],
+        ["tail", "t", "--nsqd-tcp-address", "127.0.0.1:{port}"],
+        ["drain", "t", "c", "--nsqd-tcp-address", "127.0.0.1:{port}"],
+        ["drain", "t", "c", "--lookupd-http-address", "127.0.0.1:{port}"],
+        ["stats", "--nsqd-http-address", "127.0.0.1:{port}"],
+        ["lookup", "t", "--lookupd-http-address", "127.0.0.1:{port}"],
+    ],
+)
+def test_an_unreachable_server_is_one_line_naming_it_and_exit_1(args: list[str]) -> None:
+    port = free_closed_port()
+    done = nsq_sync(*[a.format(port=port) for a in args])
+    assert done.returncode == 1
+    line = one_clear_line(done.stderr)
+    assert f"127.0.0.1:{port}" in line
+    assert "cannot reach" in line
+
+
+# --------------------------------------------------------------------------- tail
+
+
+def test_tail_n_prints_exactly_n_messages_on_an_ephemeral_channel(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    http(nsqd).create_topic(topic)
+    proc = spawn(
+        "tail", topic, "-n", "3", "--format", "raw", "--nsqd-tcp-address", nsqd.tcp_address
+    )
+    try:
+        wait_for(lambda: has_client(nsqd, topic), "tail to subscribe")
+        entry = http(nsqd).topic_stats(topic)
+        assert entry is not None
+        assert [c["channel_name"].endswith("#ephemeral") for c in entry["channels"]] == [True]
+        http(nsqd).mpub(topic, [b"a", b"b", b"c", b"d", b"e"])
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == b"a\nb\nc\n"
+
+
+@pytest.mark.parametrize("command", ["tail", "drain"])
+def test_sigterm_is_a_graceful_stop_with_exit_0(
+    nsqd: NsqdProcess, topic: str, command: str
+) -> None:
+    prepare(nsqd, topic, "ch", 0)
+    args = ["tail", topic] if command == "tail" else ["drain", topic, "ch", "--idle-timeout", "600"]
+    proc = spawn(*args, "--nsqd-tcp-address", nsqd.tcp_address)
+    try:
+        wait_for(lambda: has_client(nsqd, topic), f"{command} to subscribe")
+        http(nsqd).pub(topic, b"one")
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"one\n"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err.decode()
+    if command == "drain":
+        stats = channel_stats(nsqd, topic, "ch")
+        assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 1)
+
+
+# --------------------------------------------------------------------------- drain
+
+
+def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
+    nsqd: NsqdProcess, topic: str, tmp_path: Path
+) -> None:
+    prepare(nsqd, topic, "ch", 25)
+    out = tmp_path / "drained.txt"
+    done = nsq_sync(
+        "--nsqd-tcp-address", nsqd.tcp_address,
+        "drain", topic, "ch", "-o", str(out), "--idle-timeout", "0.5",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout, done.stderr) == (b"", b"")  # piped: no progress, nothing extra
+    assert sorted(out.read_bytes().splitlines()) == sorted(f"m{i}".encode() for i in range(25))
+    stats = channel_stats(nsqd, topic, "ch")
+    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
+
+
+def test_drain_max_messages_takes_that_many_and_hands_the_rest_back(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    prepare(nsqd, topic, "ch", 20)
+    done = nsq_sync(
+        "drain", topic, "ch", "--max-messages", "5", "--nsqd-tcp-address", nsqd.tcp_address
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 5
+    stats = channel_stats(nsqd, topic, "ch")
+    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (15, 0, 0)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_drain_exits_1_when_messages_failed_and_requeues_them(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    prepare(nsqd, topic, "ch", 3)
+    done = nsq_sync(
+        "drain", topic, "ch", "-o", "/dev/full", "--idle-timeout", "0.5", "--timeout", "20",
+        "--nsqd-tcp-address", nsqd.tcp_address,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "failed" in done.stderr.decode()
+    stats = channel_stats(nsqd, topic, "ch")
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] + stats["deferred_count"] == 3  # nothing was lost
+
+
+def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) -> None:
+    prepare(nsqd, topic, "ch", 30)
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nsq_sync", "drain", topic, "ch", "--idle-timeout", "1",
+             "--nsqd-tcp-address", nsqd.tcp_address],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+        )  # fmt: skip
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.stdout.close()
+        proc.wait(RUN_TIMEOUT)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert len(out.splitlines()) == 30  # data still goes to stdout
+    text = seen.decode()
+    assert "\r" in text
+    assert "messages" in text and "/s" in text  # the progress line: count and rate
+    assert "drained 30 message(s) from" in text
+
+
+# --------------------------------------------------------------------------- stats, lookup
+
+
+def _columns(header: str) -> list[str]:
+    return header.split()
+
+
+def test_stats_prints_an_aligned_table_with_a_row_per_topic_and_channel(
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, topic: str
+) -> None:
+    with http(nsqd) as client:
+        client.create_topic(topic)
+        client.create_channel(topic, "alpha")
+        client.create_channel(topic, "beta")
+        client.mpub(topic, [b"1", b"2", b"3", b"4"])  # 4 copies: one per channel
+    for source in (["--nsqd-http-address", nsqd.http_address],
+                   ["--lookupd-http-address", nsqlookupd.http_address]):  # fmt: skip
+        done = nsq_sync("stats", "--topic", topic, *source)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.decode().splitlines()
+        header = lines[0]
+        assert _columns(header)[:6] == [
+            "NSQD",
+            "TOPIC",
+            "CHANNEL",
+            "DEPTH",
+            "IN_FLIGHT",
+            "DEFERRED",
+        ]
+        rows = [line.split() for line in lines[1:]]
+        assert [r[1:4] for r in rows] == [
+            [topic, "-", "0"],
+            [topic, "alpha", "4"],
+            [topic, "beta", "4"],
+        ]
+        assert {r[0] for r in rows} == {nsqd.http_address}
+        # aligned: every column's cell ends where its header ends (numbers right-aligned)
+        end = header.index("DEPTH") + len("DEPTH")
+        assert all(
+            line[end - 1].isdigit() and line[end : end + 1] in ("", " ") for line in lines[1:]
+        )
+
+
+def test_lookup_prints_the_nsqds_that_carry_the_topic(
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, topic: str
+) -> None:
+    http(nsqd).create_topic(topic)
+    wait_for(
+        lambda: nsq_sync("lookup", topic, "--lookupd-http-address", nsqlookupd.http_address).stdout,
+        "lookupd to learn the topic",
+    )
+    done = nsq_sync("--lookupd-http-address", nsqlookupd.http_address, "lookup", topic)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [nsqd.tcp_address]
+    unknown = nsq_sync(
+        "lookup", "never_published_" + topic[-8:], "--lookupd-http-address", nsqlookupd.http_address
+    )
+    assert (unknown.returncode, unknown.stdout) == (0, b"")
+
+
+def test_the_console_script_is_installed() -> None:
+    script = shutil.which("nsq-sync", path=os.path.dirname(sys.executable))
+    if script is None:
+        script = shutil.which("nsq-sync")
+    assert script is not None, "nsq-sync is not on PATH: is the package installed?"
+    done = subprocess.run([script, "--version"], capture_output=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0
+    assert done.stdout.startswith(b"nsq-sync ")

@@ -17,8 +17,6 @@ reached, 2 bad usage or a bad name (nothing sent).
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import logging
 import random
 import re
@@ -29,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
 from nsq_sync._http_base import parse_http_address
 from nsq_sync._progress import Progress
 from nsq_sync._version import __version__
@@ -45,7 +44,6 @@ from nsq_sync.errors import (
 )
 from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
-from nsq_sync.message import Message
 from nsq_sync.producer import Producer
 from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.running import RunSummary
@@ -235,38 +233,6 @@ def _lookup(args: argparse.Namespace, topic: str) -> list[str]:
     return sorted(found)
 
 
-# --------------------------------------------------------------------------- output
-
-
-def _format(message: Message, fmt: str) -> bytes:
-    if fmt == "raw":
-        return message.body + b"\n"
-    record: dict[str, Any] = {
-        "id": message.id.decode("ascii", "replace"),
-        "timestamp": message.timestamp,
-        "attempts": message.attempts,
-    }
-    try:
-        record["body"] = message.body.decode("utf-8")
-    except UnicodeDecodeError:  # keep every byte: the exact body in base64 beside a readable one
-        record["body"] = message.body.decode("utf-8", "replace")
-        record["body_base64"] = base64.b64encode(message.body).decode("ascii")
-    return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
-
-
-def _writer(stream: BinaryIO, fmt: str, progress: Progress | None = None) -> Any:
-    """A handler writing each message to ``stream``; the write is flushed before the handler
-    returns (and the message is finished)."""
-
-    def handle(message: Message) -> None:
-        stream.write(_format(message, fmt))
-        stream.flush()
-        if progress is not None:
-            progress.add()
-
-    return handle
-
-
 def _check_sources(args: argparse.Namespace) -> None:
     """Usage first (exit 2), then reachability (exit 1): nsqds accept connections, lookupds
     answer."""
@@ -372,7 +338,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     _check_sources(args)
     max_in_flight = min(args.count or 200, 200)
     consumer = _consumer(
-        args, channel, _writer(sys.stdout.buffer, args.format), max_in_flight=max_in_flight
+        args, channel, writer(sys.stdout.buffer, args.format), max_in_flight=max_in_flight
     )
     summary = consumer.run(max_messages=args.count)
     return _exit_status(summary)
@@ -391,10 +357,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr, "messages")
     output: BinaryIO = sys.stdout.buffer
     if args.output not in (None, "-"):
-        output = open(args.output, "wb")  # noqa: SIM115 (closed below, after the run)
+        try:
+            output = open(args.output, "wb")  # noqa: SIM115 (closed below, after the run)
+        except OSError as exc:
+            raise UsageError(f"cannot open -o {args.output}: {exc.strerror or exc}") from None
     try:
         consumer = _consumer(
-            args, channel, _writer(output, args.format, progress), max_in_flight=args.max_in_flight
+            args, channel, writer(output, args.format, progress), max_in_flight=args.max_in_flight
         )
         progress.start()
         summary = consumer.run(
@@ -417,72 +386,6 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return _exit_status(summary)
 
 
-STATS_COLUMNS = (
-    "NSQD",
-    "TOPIC",
-    "CHANNEL",
-    "DEPTH",
-    "IN_FLIGHT",
-    "DEFERRED",
-    "MESSAGES",
-    "REQUEUED",
-    "TIMED_OUT",
-    "CLIENTS",
-    "PAUSED",
-)
-
-
-def _stats_rows(nsqd: str, stats: dict[str, Any]) -> list[list[str]]:
-    rows = []
-    for topic in sorted(stats.get("topics") or [], key=lambda t: str(t.get("topic_name"))):
-        channels = topic.get("channels") or []
-        rows.append(
-            [
-                nsqd,
-                str(topic.get("topic_name")),
-                "-",
-                str(topic.get("depth", "")),
-                str(sum(int(c.get("in_flight_count", 0)) for c in channels)),
-                str(sum(int(c.get("deferred_count", 0)) for c in channels)),
-                str(topic.get("message_count", "")),
-                "-",
-                "-",
-                "-",
-                "yes" if topic.get("paused") else "no",
-            ]
-        )
-        for chan in sorted(channels, key=lambda c: str(c.get("channel_name"))):
-            rows.append(
-                [
-                    nsqd,
-                    str(topic.get("topic_name")),
-                    str(chan.get("channel_name")),
-                    str(chan.get("depth", "")),
-                    str(chan.get("in_flight_count", "")),
-                    str(chan.get("deferred_count", "")),
-                    str(chan.get("message_count", "")),
-                    str(chan.get("requeue_count", "")),
-                    str(chan.get("timeout_count", "")),
-                    str(len(chan.get("clients") or [])),
-                    "yes" if chan.get("paused") else "no",
-                ]
-            )
-    return rows
-
-
-def _table(header: Sequence[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
-    numeric = {i for i in range(len(header)) if i >= 3}
-    lines = []
-    for row in [list(header), *rows]:
-        cells = [
-            cell.rjust(widths[i]) if i in numeric and row is not header else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines) + "\n"
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
     topic = None if args.topic is None else validate_topic(args.topic)
     addresses = list(args.nsqd_http_addresses)
@@ -502,8 +405,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
             except (Unreachable, HTTPAPIError) as exc:
                 failures.append(str(exc))
                 continue
-        rows += _stats_rows(_host_port(address), stats)
-    sys.stdout.write(_table(STATS_COLUMNS, rows))
+        rows += stats_rows(_host_port(address), stats)
+    sys.stdout.write(table(STATS_COLUMNS, rows))
     for failure in failures:
         print(f"{PROG} stats: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -133,6 +133,7 @@ def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
         (["drain", "TOPIC", "ch", "--idle-timeout", "soon"], "--idle-timeout"),
         (["drain", "TOPIC", "ch", "--max-messages", "0"], "--max-messages"),
         (["stats", "--topic", "a/b"], "invalid topic name"),
+        (["drain", "TOPIC", "ch", "-o", "/nonexistent-dir/out.txt"], "cannot open -o"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -365,6 +366,26 @@ def test_lookup_prints_the_nsqds_that_carry_the_topic(
         "lookup", "never_published_" + topic[-8:], "--lookupd-http-address", nsqlookupd.http_address
     )
     assert (unknown.returncode, unknown.stdout) == (0, b"")
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cron_drain.py"
+
+
+@pytest.mark.parametrize(("bodies", "status"), [([b'{"id": 1}', b'{"id": 2}'], 0), ([b"{"], 1)])
+def test_the_cron_example_exits_by_whether_everything_was_handled(
+    nsqd: NsqdProcess, topic: str, bodies: list[bytes], status: int
+) -> None:
+    prepare(nsqd, topic, "export", 0)
+    http(nsqd).mpub(topic, bodies)
+    env = dict(os.environ, NSQD_TCP_ADDRESS=nsqd.tcp_address, TOPIC=topic, IDLE_TIMEOUT="0.5")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)], env=env, capture_output=True, timeout=RUN_TIMEOUT
+    )
+    assert done.returncode == status, done.stderr
+    assert b"idle: handled" in done.stderr
+    stats = channel_stats(nsqd, topic, "export")
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] + stats["deferred_count"] == (0 if status == 0 else len(bodies))
 
 
 def test_the_console_script_is_installed() -> None:

@@ -277,6 +277,13 @@ class Consumer:
         """Install the run's gate on handler calls (see WorkerPool.admit)."""
         self._pool.admit = admit
 
+    def _nothing_to_consume(self) -> bool:
+        """No nsqd to connect to: no direct address, and lookupd answered that none carries the
+        topic. For run(), waiting then is idle (nothing will arrive), unlike reconnecting."""
+        d = self._discovery
+        with self._lock:
+            return not self._conns and not d.direct and d.answered and not d.discovered
+
     def _credit(self) -> tuple[int, int, int]:
         """(messages nsqds may still send, messages in flight, messages received so far): what
         run() judges idleness by and BatchConsumer closes batches by."""

@@ -70,6 +70,7 @@ class ConnectionManager:
         self.rng = rng or random.Random()
         #: nsqds the latest lookupd answer listed (kept when no lookupd answered)
         self.discovered: set[str] = set()
+        self.answered = False  # some lookupd answered at least once (discovered is its word)
         self.failures: dict[str, int] = {}
         self.retry_at: dict[str, float] = {}
         self.connecting: set[str] = set()
@@ -230,6 +231,7 @@ class ConnectionManager:
             self.log.warning("lookupd queries did not all answer in time")
         if self._round_ok:
             self.discovered = self._round_found
+            self.answered = True
         self._round_deadline = None
         self.polls += 1
         self.last_poll = now

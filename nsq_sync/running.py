@@ -8,9 +8,10 @@ gracefully and returns a :class:`RunSummary`:
 * ``"signal"``: SIGTERM or SIGINT arrived (handlers are installed from the main thread only);
 * ``"timeout"``: ``timeout`` seconds passed since the run started;
 * ``"idle"``: ``idle_timeout`` seconds passed without a message while credit was open, that is
-  while some nsqd could have sent one (RDY above its in-flight count). Time spent in backoff
-  (RDY 0), reconnecting (no connection) or paused (``max_in_flight`` 0) is not idle, nor is time
-  when every message the credit allows is in flight (the handlers are busy);
+  while some nsqd could have sent one (RDY above its in-flight count), or while there was no nsqd
+  to consume from (no direct address, and lookupd listed none for the topic). Time spent in
+  backoff (RDY 0), reconnecting to a known nsqd or paused (``max_in_flight`` 0) is not idle, nor
+  is time when every message the credit allows is in flight (the handlers are busy);
 * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and messages
   given up without one). The consumer pauses (RDY 0) at once and no further call starts:
   messages that arrive after that are requeued at once with no delay, like those ``stop()``
@@ -204,7 +205,7 @@ def run_to_end(
                 break
             if idle_for is not None:
                 credit, _, count = consumer._credit()
-                credit_open = credit > 0
+                credit_open = credit > 0 or consumer._nothing_to_consume()
                 now = time.monotonic()
                 if count != received or not credit_open:
                     received = count

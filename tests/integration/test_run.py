@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded
+from support.nsq import bounded, free_closed_port
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, RequeueMessage, RunSummary
 from nsq_sync.errors import ConfigError
-from nsq_sync.testing import NsqdProcess
+from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +193,19 @@ def test_bad_run_arguments_raise_before_anything_starts(
     assert consumer.connections == []
     consumer.start()
     consumer.stop(5.0)
+
+
+def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_not(
+    nsqlookupd: NsqlookupdProcess, topic: str
+) -> None:
+    """With lookupd only, a cron drain of a topic nobody has published yet must still end."""
+    consumer = Consumer(topic, CHANNEL, Handled(), lookupd_http_addresses=[nsqlookupd.http_address])
+    summary = consumer.run(idle_timeout=0.5, timeout=30.0)
+    assert summary.reason == "idle"
+    assert summary.handled == 0
+    # a lookupd that does not answer says nothing about the topic: waiting for it is not idle
+    dead = Consumer(
+        topic, CHANNEL, Handled(), lookupd_http_addresses=[f"127.0.0.1:{free_closed_port()}"]
+    )
+    summary = dead.run(idle_timeout=0.3, timeout=1.5)
+    assert summary.reason == "timeout"

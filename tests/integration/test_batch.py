@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded
+from support.nsq import bounded, channel_stats, prepare_channel
 
-from nsq_sync import BatchConsumer, Message, NsqdHTTPClient
+from nsq_sync import BatchConsumer, Message
 from nsq_sync.errors import ConfigError
 from nsq_sync.testing import NsqdProcess
 
@@ -22,21 +22,6 @@ CHANNEL = "ch"
 @pytest.fixture(autouse=True)
 def watchdog() -> Iterator[None]:
     yield from bounded(120.0)
-
-
-def prepare(nsqd: NsqdProcess, topic: str, n: int) -> NsqdHTTPClient:
-    client = NsqdHTTPClient(nsqd.http_url)
-    client.create_topic(topic)
-    client.create_channel(topic, CHANNEL)
-    if n:
-        client.mpub(topic, [f"m{i}".encode() for i in range(n)])
-    return client
-
-
-def channel(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
-    stats = client.channel_stats(topic, CHANNEL)
-    assert stats is not None
-    return stats
 
 
 class Batches:
@@ -67,7 +52,7 @@ def make(nsqd: NsqdProcess, topic: str, handler: Any, **options: Any) -> BatchCo
 def test_batches_form_full_and_the_last_closes_at_batch_timeout(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    client = prepare(nsqd, topic, 45)
+    client = prepare_channel(nsqd, topic, CHANNEL, 45)
     handler = Batches()
     consumer = make(nsqd, topic, handler, batch_size=10, batch_timeout=1.0)
     assert consumer.stats().max_in_flight == 10  # defaults to batch_size
@@ -76,14 +61,14 @@ def test_batches_form_full_and_the_last_closes_at_batch_timeout(
     assert summary.reason == "idle"
     assert (summary.handled, summary.finished, summary.requeued, summary.failed) == (45, 45, 0, 0)
     assert summary.ok
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_more_credit_than_a_batch_fills_the_next_batch_while_one_runs(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    prepare(nsqd, topic, 60)
+    prepare_channel(nsqd, topic, CHANNEL, 60)
     handler = Batches()
     consumer = make(nsqd, topic, handler, batch_size=20, batch_timeout=5.0, max_in_flight=40)
     summary = consumer.run(max_messages=60, timeout=60.0)
@@ -98,7 +83,7 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     """The first batch fails: all of it is requeued (with no delay here) and backoff sends
     RDY 0. After backoff, the probe's RDY 1 lets one message in: that batch cannot grow, so
     it closes at once (batch_timeout is far away) rather than waiting for credit."""
-    client = prepare(nsqd, topic, 10)
+    client = prepare_channel(nsqd, topic, CHANNEL, 10)
 
     def fail_first(batch: list[Message], index: int) -> None:
         if index == 0:
@@ -122,13 +107,13 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     assert sum(sizes[1:]) == 10
     assert (summary.failed, summary.requeued, summary.finished) == (10, 10, 10)
     assert not summary.ok
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert stats["requeue_count"] == 10
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, topic: str) -> None:
-    client = prepare(nsqd, topic, 5)
+    client = prepare_channel(nsqd, topic, CHANNEL, 5)
     seen: list[tuple[bytes, int]] = []
 
     def answer_one(batch: list[Message], index: int) -> None:
@@ -143,14 +128,14 @@ def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, 
     assert handler.sizes[0] == 5
     assert (summary.finished, summary.requeued, summary.failed) == (5, 1, 0)
     assert (b"m2", 2) in seen
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert (stats["requeue_count"], stats["in_flight_count"], stats["depth"]) == (1, 0, 0)
 
 
 def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    client = prepare(nsqd, topic, 3)
+    client = prepare_channel(nsqd, topic, CHANNEL, 3)
     given_up: list[bytes] = []
 
     def fail(batch: list[Message], index: int) -> None:
@@ -168,7 +153,7 @@ def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
     summary = consumer.run(idle_timeout=1.0, timeout=60.0)
     assert sorted(given_up) == [b"m0", b"m1", b"m2"]
     assert (summary.failed, summary.gave_up, summary.requeued, summary.finished) == (3, 3, 0, 3)
-    assert channel(client, topic)["in_flight_count"] == 0
+    assert channel_stats(client, topic, CHANNEL)["in_flight_count"] == 0
 
 
 @pytest.mark.parametrize(

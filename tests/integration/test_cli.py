@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.nsq import bounded, free_closed_port, wait_for
+from support.nsq import bounded, channel_stats, free_closed_port, prepare_channel, wait_for
 
 from nsq_sync import NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
@@ -66,31 +66,17 @@ def http(nsqd: NsqdProcess) -> NsqdHTTPClient:
     return NsqdHTTPClient(nsqd.http_url)
 
 
-def channel_stats(nsqd: NsqdProcess, topic: str, channel: str) -> dict[str, Any]:
-    stats = http(nsqd).channel_stats(topic, channel)
-    assert stats is not None, f"no channel {topic}/{channel}"
-    return stats
-
-
 def has_client(nsqd: NsqdProcess, topic: str) -> bool:
     with http(nsqd) as client:
         entry = client.topic_stats(topic)
     return bool(entry and any(c["clients"] for c in entry["channels"]))
 
 
-def prepare(nsqd: NsqdProcess, topic: str, channel: str, n: int) -> None:
-    with http(nsqd) as client:
-        client.create_topic(topic)
-        client.create_channel(topic, channel)
-        if n:
-            client.mpub(topic, [f"m{i}".encode() for i in range(n)])
-
-
 # --------------------------------------------------------------------------- pub
 
 
 def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, topic: str) -> None:
-    prepare(nsqd, topic, "ch", 0)
+    prepare_channel(nsqd, topic, "ch", 0)
     done = nsq_sync("pub", topic, "héllo", "world", "--nsqd-tcp-address", nsqd.tcp_address)
     assert done.returncode == 0, done.stderr
     assert done.stdout == b""
@@ -112,14 +98,14 @@ def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, topic: str)
 
 
 def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
-    prepare(nsqd, topic, "ch", 0)
+    prepare_channel(nsqd, topic, "ch", 0)
     addr = ("--nsqd-tcp-address", nsqd.tcp_address)
     done = nsq_sync("pub", topic, "later", "--delay", "60", *addr)
     assert done.returncode == 0, done.stderr
-    assert channel_stats(nsqd, topic, "ch")["deferred_count"] == 1
+    assert channel_stats(http(nsqd), topic, "ch")["deferred_count"] == 1
     done = nsq_sync("pub", topic, "--rate", "200", *addr, stdin=b"a\nb\nc\nd\n")
     assert done.returncode == 0, done.stderr
-    assert channel_stats(nsqd, topic, "ch")["depth"] == 4
+    assert channel_stats(http(nsqd), topic, "ch")["depth"] == 4
 
 
 @pytest.mark.parametrize(
@@ -202,7 +188,7 @@ def test_tail_n_prints_exactly_n_messages_on_an_ephemeral_channel(
 def test_sigterm_is_a_graceful_stop_with_exit_0(
     nsqd: NsqdProcess, topic: str, command: str
 ) -> None:
-    prepare(nsqd, topic, "ch", 0)
+    prepare_channel(nsqd, topic, "ch", 0)
     args = ["tail", topic] if command == "tail" else ["drain", topic, "ch", "--idle-timeout", "600"]
     proc = spawn(*args, "--nsqd-tcp-address", nsqd.tcp_address)
     try:
@@ -217,7 +203,7 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(
     assert proc.returncode == 0, err
     assert "Traceback" not in err.decode()
     if command == "drain":
-        stats = channel_stats(nsqd, topic, "ch")
+        stats = channel_stats(http(nsqd), topic, "ch")
         assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 1)
 
 
@@ -227,7 +213,7 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(
 def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     nsqd: NsqdProcess, topic: str, tmp_path: Path
 ) -> None:
-    prepare(nsqd, topic, "ch", 25)
+    prepare_channel(nsqd, topic, "ch", 25)
     out = tmp_path / "drained.txt"
     done = nsq_sync(
         "--nsqd-tcp-address", nsqd.tcp_address,
@@ -236,20 +222,20 @@ def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == (b"", b"")  # piped: no progress, nothing extra
     assert sorted(out.read_bytes().splitlines()) == sorted(f"m{i}".encode() for i in range(25))
-    stats = channel_stats(nsqd, topic, "ch")
+    stats = channel_stats(http(nsqd), topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_drain_max_messages_takes_that_many_and_hands_the_rest_back(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    prepare(nsqd, topic, "ch", 20)
+    prepare_channel(nsqd, topic, "ch", 20)
     done = nsq_sync(
         "drain", topic, "ch", "--max-messages", "5", "--nsqd-tcp-address", nsqd.tcp_address
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 5
-    stats = channel_stats(nsqd, topic, "ch")
+    stats = channel_stats(http(nsqd), topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (15, 0, 0)
 
 
@@ -257,20 +243,20 @@ def test_drain_max_messages_takes_that_many_and_hands_the_rest_back(
 def test_drain_exits_1_when_messages_failed_and_requeues_them(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    prepare(nsqd, topic, "ch", 3)
+    prepare_channel(nsqd, topic, "ch", 3)
     done = nsq_sync(
         "drain", topic, "ch", "-o", "/dev/full", "--idle-timeout", "0.5", "--timeout", "20",
         "--nsqd-tcp-address", nsqd.tcp_address,
     )  # fmt: skip
     assert done.returncode == 1
     assert "failed" in done.stderr.decode()
-    stats = channel_stats(nsqd, topic, "ch")
+    stats = channel_stats(http(nsqd), topic, "ch")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == 3  # nothing was lost
 
 
 def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) -> None:
-    prepare(nsqd, topic, "ch", 30)
+    prepare_channel(nsqd, topic, "ch", 30)
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(
@@ -311,10 +297,6 @@ def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) 
 # --------------------------------------------------------------------------- stats, lookup
 
 
-def _columns(header: str) -> list[str]:
-    return header.split()
-
-
 def test_stats_prints_an_aligned_table_with_a_row_per_topic_and_channel(
     nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, topic: str
 ) -> None:
@@ -329,14 +311,7 @@ def test_stats_prints_an_aligned_table_with_a_row_per_topic_and_channel(
         assert done.returncode == 0, done.stderr
         lines = done.stdout.decode().splitlines()
         header = lines[0]
-        assert _columns(header)[:6] == [
-            "NSQD",
-            "TOPIC",
-            "CHANNEL",
-            "DEPTH",
-            "IN_FLIGHT",
-            "DEFERRED",
-        ]
+        assert header.split()[:6] == ["NSQD", "TOPIC", "CHANNEL", "DEPTH", "IN_FLIGHT", "DEFERRED"]
         rows = [line.split() for line in lines[1:]]
         assert [r[1:4] for r in rows] == [
             [topic, "-", "0"],
@@ -375,7 +350,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cron_drain.py"
 def test_the_cron_example_exits_by_whether_everything_was_handled(
     nsqd: NsqdProcess, topic: str, bodies: list[bytes], status: int
 ) -> None:
-    prepare(nsqd, topic, "export", 0)
+    prepare_channel(nsqd, topic, "export", 0)
     http(nsqd).mpub(topic, bodies)
     env = dict(os.environ, NSQD_TCP_ADDRESS=nsqd.tcp_address, TOPIC=topic, IDLE_TIMEOUT="0.5")
     done = subprocess.run(
@@ -383,7 +358,7 @@ def test_the_cron_example_exits_by_whether_everything_was_handled(
     )
     assert done.returncode == status, done.stderr
     assert b"idle: handled" in done.stderr
-    stats = channel_stats(nsqd, topic, "export")
+    stats = channel_stats(http(nsqd), topic, "export")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == (0 if status == 0 else len(bodies))
 

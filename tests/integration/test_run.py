@@ -4,43 +4,25 @@ summary it returns, and nothing left in flight on nsqd afterwards."""
 from __future__ import annotations
 
 import datetime
-import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, free_closed_port
-from support.nsq import wait_for as _wait_for
+from support.nsq import bounded, channel_stats, free_closed_port, prepare_channel
 
-from nsq_sync import Consumer, Message, NsqdHTTPClient, RequeueMessage, RunSummary
+from nsq_sync import Consumer, Message, RequeueMessage, RunSummary
 from nsq_sync.errors import ConfigError
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
 pytestmark = pytest.mark.integration
 
 CHANNEL = "ch"
-wait_for = functools.partial(_wait_for, timeout=20.0, interval=0.01)
 
 
 @pytest.fixture(autouse=True)
 def watchdog() -> Iterator[None]:
     yield from bounded(120.0)
-
-
-def prepare(nsqd: NsqdProcess, topic: str, n: int) -> NsqdHTTPClient:
-    client = NsqdHTTPClient(nsqd.http_url)
-    client.create_topic(topic)
-    client.create_channel(topic, CHANNEL)
-    if n:
-        client.mpub(topic, [f"m{i}".encode() for i in range(n)])
-    return client
-
-
-def channel(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
-    stats = client.channel_stats(topic, CHANNEL)
-    assert stats is not None
-    return stats
 
 
 def make(nsqd: NsqdProcess, topic: str, handler: Any, **options: Any) -> Consumer:
@@ -64,7 +46,7 @@ class Handled:
 
 
 def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, topic: str) -> None:
-    client = prepare(nsqd, topic, 40)
+    client = prepare_channel(nsqd, topic, CHANNEL, 40)
     handler = Handled()
     consumer = make(nsqd, topic, handler, max_in_flight=10, concurrency=4)
     summary = consumer.run(idle_timeout=0.5)
@@ -75,7 +57,7 @@ def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, t
     assert summary.ok
     assert summary.elapsed >= 0.5
     assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(40))
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
     assert consumer.stats().finished == 40
 
@@ -83,7 +65,7 @@ def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, t
 def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once(
     nsqd: NsqdProcess, topic: str
 ) -> None:
-    client = prepare(nsqd, topic, 60)
+    client = prepare_channel(nsqd, topic, CHANNEL, 60)
     handler = Handled()
     consumer = make(nsqd, topic, handler, max_in_flight=25, concurrency=3)
     summary = consumer.run(max_messages=10, timeout=30.0)
@@ -92,7 +74,7 @@ def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once
     assert (summary.handled, summary.finished, summary.failed) == (10, 10, 0)
     assert summary.ok
     # everything received beyond the 10 went back with no delay: all 50 are ready again
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert stats["in_flight_count"] == 0
     assert stats["deferred_count"] == 0
     assert stats["depth"] == 50
@@ -101,7 +83,7 @@ def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once
 
 
 def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, topic: str) -> None:
-    prepare(nsqd, topic, 0)
+    prepare_channel(nsqd, topic, CHANNEL, 0)
     consumer = make(nsqd, topic, Handled(), max_in_flight=0)  # paused: never idle
     summary = consumer.run(timeout=datetime.timedelta(seconds=1.0), idle_timeout=0.2)
     assert summary.reason == "timeout"
@@ -114,7 +96,7 @@ def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, to
     """Backoff (RDY 0) lasts longer than idle_timeout here, and failed messages are requeued
     with no delay (a delayed one would be idle time: nsqd holds it back): a drain that took any
     time without messages for idleness would stop after the first failures."""
-    client = prepare(nsqd, topic, 5)
+    client = prepare_channel(nsqd, topic, CHANNEL, 5)
     handler = Handled(fail_below=3)  # attempts 1 and 2 fail
     consumer = make(
         nsqd,
@@ -133,12 +115,12 @@ def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, to
     assert summary.requeued == 10
     assert not summary.ok
     assert consumer.stats().failed == 10
-    stats = channel(client, topic)
+    stats = channel_stats(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_stop_from_another_thread_ends_the_run_as_stopped(nsqd: NsqdProcess, topic: str) -> None:
-    prepare(nsqd, topic, 0)
+    prepare_channel(nsqd, topic, CHANNEL, 0)
     consumer = make(nsqd, topic, Handled())
     result: list[RunSummary] = []
     runner = threading.Thread(target=lambda: result.append(consumer.run(idle_timeout=60.0)))
@@ -152,7 +134,7 @@ def test_stop_from_another_thread_ends_the_run_as_stopped(nsqd: NsqdProcess, top
 def test_requeue_counts_every_req_and_failed_only_exceptions(nsqd: NsqdProcess, topic: str) -> None:
     """requeued: handler exceptions, RequeueMessage and message.requeue() alike; failed: only
     the exceptions."""
-    client = prepare(nsqd, topic, 0)
+    client = prepare_channel(nsqd, topic, CHANNEL, 0)
 
     def handler(message: Message) -> None:
         kind = message.body.split(b":")[0]

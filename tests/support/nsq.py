@@ -20,6 +20,8 @@ from nsq_sync.protocol.events import MessageFrame
 
 __all__ = [
     "Collector",
+    "channel_stats",
+    "prepare_channel",
     "free_closed_port",
     "message_count",
     "producer_clients",
@@ -83,6 +85,24 @@ def free_closed_port() -> int:
 def _topic(http_address: str, topic: str) -> dict[str, Any] | None:
     with NsqdHTTPClient(http_address) as client:
         return client.topic_stats(topic)
+
+
+def prepare_channel(nsqd: Any, topic: str, channel: str, n: int = 0) -> NsqdHTTPClient:
+    """Create ``topic`` and ``channel`` on ``nsqd`` (an NsqdProcess), so nothing depends on who
+    subscribes first, then publish ``n`` messages ``m0``, ``m1``...; returns an HTTP client."""
+    client = NsqdHTTPClient(nsqd.http_url)
+    client.create_topic(topic)
+    client.create_channel(topic, channel)
+    if n:
+        client.mpub(topic, [f"m{i}".encode() for i in range(n)])
+    return client
+
+
+def channel_stats(client: NsqdHTTPClient, topic: str, channel: str) -> dict[str, Any]:
+    """The channel's entry in nsqd's /stats (depth, in_flight_count, deferred_count...)."""
+    stats = client.channel_stats(topic, channel)
+    assert stats is not None, f"nsqd has no channel {topic}/{channel}"
+    return stats
 
 
 def message_count(http_address: str, topic: str) -> int:

@@ -21,8 +21,6 @@ handler runs).
 
 from __future__ import annotations
 
-import datetime
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +30,7 @@ from nsq_sync.consumer import Consumer, ConsumerStats
 from nsq_sync.dispatch import GiveUpHandler
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
-from nsq_sync.running import RunSummary, run_to_end
+from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
 
 __all__ = ["BatchConsumer", "BatchHandler"]
 
@@ -79,17 +77,11 @@ class BatchConsumer:
     ) -> None:
         if not callable(handle_batch):
             raise ConfigError(f"handle_batch must be callable, got {handle_batch!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if isinstance(batch_timeout, datetime.timedelta):
-            batch_timeout = batch_timeout.total_seconds()
-        if (
-            isinstance(batch_timeout, bool)
-            or not isinstance(batch_timeout, (int, float))
-            or not math.isfinite(batch_timeout)
-            or batch_timeout <= 0
-        ):
-            raise ConfigError(f"batch_timeout must be seconds > 0, got {batch_timeout!r}")
+        size = positive_int("batch_size", batch_size)
+        timeout = positive_seconds("batch_timeout", batch_timeout)
+        if size is None or timeout is None:
+            raise ConfigError("batch_size and batch_timeout may not be None")
+        batch_size = size
         if "concurrency" in options:
             raise ConfigError("BatchConsumer handles one batch at a time: no concurrency option")
         if "max_in_flight" in options:
@@ -103,7 +95,7 @@ class BatchConsumer:
             max_in_flight = max(batch_size, config.max_in_flight if config else 1)
         self.handle_batch = handle_batch
         self.batch_size = batch_size
-        self.batch_timeout = float(batch_timeout)
+        self.batch_timeout = timeout
         self._consumer = Consumer(
             topic,
             channel,
@@ -225,7 +217,10 @@ class BatchConsumer:
                 with self._lock:
                     batch = self._take()
             if batch:
-                self._handle(batch)
+                try:
+                    self._handle(batch)
+                except Exception:  # never let the batch task die silently
+                    self.log.exception("handling a batch of %d message(s) failed", len(batch))
                 continue
             self._wake.wait(None if wait is None else min(POLL, wait))
             self._wake.clear()

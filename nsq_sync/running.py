@@ -79,7 +79,7 @@ class RunSummary:
         return self.failed == 0 and self.gave_up == 0
 
 
-def _seconds(name: str, value: object) -> float | None:
+def positive_seconds(name: str, value: object) -> float | None:
     """None, or seconds > 0 from a number or a timedelta; ConfigError naming ``name``."""
     if value is None:
         return None
@@ -95,7 +95,7 @@ def _seconds(name: str, value: object) -> float | None:
     return float(value)
 
 
-def _count(name: str, value: object) -> int | None:
+def positive_int(name: str, value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -156,9 +156,9 @@ def run_to_end(
         ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
         SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
     """
-    run_for = _seconds("timeout", timeout)
-    idle_for = _seconds("idle_timeout", idle_timeout)
-    limit = _count("max_messages", max_messages)
+    run_for = positive_seconds("timeout", timeout)
+    idle_for = positive_seconds("idle_timeout", idle_timeout)
+    limit = positive_int("max_messages", max_messages)
     start = start or consumer.start
     stop = stop or consumer.stop
     stats = stats or consumer.stats

@@ -1,8 +1,8 @@
 """A one-line progress display on a terminal (``nsq-sync drain``), from the standard library.
 
 It rewrites one line of a terminal stream (``\\r`` then the text, padded over the last one) a
-few times a second from its own thread: the count, the rate over the whole run and the elapsed
-time. A stream that is not a terminal gets nothing at all, so cron mail and log files stay
+few times a second from its own thread: the count, the rate (from the start to the latest
+count, so it holds still while nothing arrives) and the elapsed time. A stream that is not a terminal gets nothing at all, so cron mail and log files stay
 clean. Thread-safe: :meth:`Progress.add` may be called from any thread.
 """
 
@@ -32,6 +32,7 @@ class Progress:
         self.unit = unit
         self.enabled = stream.isatty() if enabled is None else enabled
         self.count = 0
+        self._last_at = 0.0
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._done = threading.Event()
@@ -39,15 +40,23 @@ class Progress:
         self._width = 0
 
     def add(self, n: int = 1) -> None:
+        now = time.monotonic()
         with self._lock:
             self.count += n
+            self._last_at = now
+
+    def rate(self) -> float:
+        """Per second, from the start to the latest :meth:`add`."""
+        with self._lock:
+            count, last_at = self.count, self._last_at
+        return count / max(1e-3, last_at - self._started) if count else 0.0
 
     def line(self) -> str:
         """The text of the progress line now."""
-        elapsed = max(1e-9, time.monotonic() - self._started)
+        elapsed = time.monotonic() - self._started
         with self._lock:
             count = self.count
-        return f"{count} {self.unit}  {count / elapsed:.1f}/s  {elapsed:.1f} s"
+        return f"{count} {self.unit}  {self.rate():.1f}/s  {elapsed:.1f} s"
 
     def start(self) -> None:
         self._started = time.monotonic()

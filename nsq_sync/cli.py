@@ -374,7 +374,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
             output.close()
     progress.close(
         f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
-        f"{summary.elapsed:.1f} s ({summary.reason})"
+        f"{summary.elapsed:.1f} s ({progress.rate():.1f}/s; ended: {summary.reason})"
     )
     if not summary.ok:
         log.error(

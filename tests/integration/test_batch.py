@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, channel_stats, prepare_channel
+from support.nsq import bounded, prepare_channel, settled_channel
 
 from nsq_sync import BatchConsumer, Message
 from nsq_sync.errors import ConfigError
@@ -61,7 +61,7 @@ def test_batches_form_full_and_the_last_closes_at_batch_timeout(
     assert summary.reason == "idle"
     assert (summary.handled, summary.finished, summary.requeued, summary.failed) == (45, 45, 0, 0)
     assert summary.ok
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
@@ -107,7 +107,7 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     assert sum(sizes[1:]) == 10
     assert (summary.failed, summary.requeued, summary.finished) == (10, 10, 10)
     assert not summary.ok
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert stats["requeue_count"] == 10
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
@@ -128,7 +128,7 @@ def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, 
     assert handler.sizes[0] == 5
     assert (summary.finished, summary.requeued, summary.failed) == (5, 1, 0)
     assert (b"m2", 2) in seen
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert (stats["requeue_count"], stats["in_flight_count"], stats["depth"]) == (1, 0, 0)
 
 
@@ -153,7 +153,7 @@ def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
     summary = consumer.run(idle_timeout=1.0, timeout=60.0)
     assert sorted(given_up) == [b"m0", b"m1", b"m2"]
     assert (summary.failed, summary.gave_up, summary.requeued, summary.finished) == (3, 3, 0, 3)
-    assert channel_stats(client, topic, CHANNEL)["in_flight_count"] == 0
+    assert settled_channel(client, topic, CHANNEL)["in_flight_count"] == 0
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.nsq import bounded, channel_stats, free_closed_port, prepare_channel, wait_for
+from support.nsq import bounded, free_closed_port, prepare_channel, settled_channel, wait_for
 
 from nsq_sync import NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
@@ -102,10 +102,10 @@ def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
     addr = ("--nsqd-tcp-address", nsqd.tcp_address)
     done = nsq_sync("pub", topic, "later", "--delay", "60", *addr)
     assert done.returncode == 0, done.stderr
-    assert channel_stats(http(nsqd), topic, "ch")["deferred_count"] == 1
+    assert settled_channel(http(nsqd), topic, "ch")["deferred_count"] == 1
     done = nsq_sync("pub", topic, "--rate", "200", *addr, stdin=b"a\nb\nc\nd\n")
     assert done.returncode == 0, done.stderr
-    assert channel_stats(http(nsqd), topic, "ch")["depth"] == 4
+    assert settled_channel(http(nsqd), topic, "ch")["depth"] == 4
 
 
 @pytest.mark.parametrize(
@@ -203,7 +203,7 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(
     assert proc.returncode == 0, err
     assert "Traceback" not in err.decode()
     if command == "drain":
-        stats = channel_stats(http(nsqd), topic, "ch")
+        stats = settled_channel(http(nsqd), topic, "ch")
         assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 1)
 
 
@@ -222,7 +222,7 @@ def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == (b"", b"")  # piped: no progress, nothing extra
     assert sorted(out.read_bytes().splitlines()) == sorted(f"m{i}".encode() for i in range(25))
-    stats = channel_stats(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
@@ -235,7 +235,7 @@ def test_drain_max_messages_takes_that_many_and_hands_the_rest_back(
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 5
-    stats = channel_stats(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (15, 0, 0)
 
 
@@ -250,7 +250,7 @@ def test_drain_exits_1_when_messages_failed_and_requeues_them(
     )  # fmt: skip
     assert done.returncode == 1
     assert "failed" in done.stderr.decode()
-    stats = channel_stats(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), topic, "ch")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == 3  # nothing was lost
 
@@ -358,7 +358,7 @@ def test_the_cron_example_exits_by_whether_everything_was_handled(
     )
     assert done.returncode == status, done.stderr
     assert b"idle: handled" in done.stderr
-    stats = channel_stats(http(nsqd), topic, "export")
+    stats = settled_channel(http(nsqd), topic, "export")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == (0 if status == 0 else len(bodies))
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, channel_stats, free_closed_port, prepare_channel
+from support.nsq import bounded, free_closed_port, prepare_channel, settled_channel
 
 from nsq_sync import Consumer, Message, RequeueMessage, RunSummary
 from nsq_sync.errors import ConfigError
@@ -57,7 +57,7 @@ def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, t
     assert summary.ok
     assert summary.elapsed >= 0.5
     assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(40))
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
     assert consumer.stats().finished == 40
 
@@ -74,7 +74,7 @@ def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once
     assert (summary.handled, summary.finished, summary.failed) == (10, 10, 0)
     assert summary.ok
     # everything received beyond the 10 went back with no delay: all 50 are ready again
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert stats["in_flight_count"] == 0
     assert stats["deferred_count"] == 0
     assert stats["depth"] == 50
@@ -115,7 +115,7 @@ def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, to
     assert summary.requeued == 5
     assert not summary.ok
     assert consumer.stats().failed == 5
-    stats = channel_stats(client, topic, CHANNEL)
+    stats = settled_channel(client, topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 

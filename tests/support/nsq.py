@@ -20,7 +20,7 @@ from nsq_sync.protocol.events import MessageFrame
 
 __all__ = [
     "Collector",
-    "channel_stats",
+    "settled_channel",
     "prepare_channel",
     "free_closed_port",
     "message_count",
@@ -98,11 +98,17 @@ def prepare_channel(nsqd: Any, topic: str, channel: str, n: int = 0) -> NsqdHTTP
     return client
 
 
-def channel_stats(client: NsqdHTTPClient, topic: str, channel: str) -> dict[str, Any]:
-    """The channel's entry in nsqd's /stats (depth, in_flight_count, deferred_count...)."""
-    stats = client.channel_stats(topic, channel)
-    assert stats is not None, f"nsqd has no channel {topic}/{channel}"
-    return stats
+def settled_channel(client: NsqdHTTPClient, topic: str, channel: str) -> dict[str, Any]:
+    """The channel's entry in nsqd's /stats (depth, in_flight_count, deferred_count...) once no
+    client is connected to it: a consumer that closed has written its last FIN/REQ, but nsqd
+    reads them (and then the close) a moment later, and drops the client only after that."""
+
+    def settled() -> dict[str, Any] | None:
+        stats = client.channel_stats(topic, channel)
+        assert stats is not None, f"nsqd has no channel {topic}/{channel}"
+        return None if stats["clients"] else stats
+
+    return wait_for(settled, f"every client of {topic}/{channel} to leave")
 
 
 def message_count(http_address: str, topic: str) -> int:

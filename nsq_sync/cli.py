@@ -292,7 +292,8 @@ def cmd_pub(args: argparse.Namespace) -> int:
         raise UsageError("--delay publishes one message at a time (DPUB): drop --batch")
     bodies: Iterable[bytes]
     if args.bodies:
-        encoded = [b.encode("utf-8") for b in args.bodies]
+        # UTF-8; argv bytes that are not UTF-8 (surrogate-escaped by Python) pass through as is
+        encoded = [b.encode("utf-8", "surrogateescape") for b in args.bodies]
         for index, body in enumerate(encoded):
             if not body:
                 raise InvalidBody(f"BODY {index + 1} is empty: nsqd rejects empty messages")

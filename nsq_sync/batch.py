@@ -116,7 +116,10 @@ class BatchConsumer:
         self._opened_at = 0.0  # when the oldest message in _open arrived
         self._busy = 0  # messages in the batch handle_batch is running on
         self._wake = self.runtime.event()
-        self._closing = False
+        self._closing = False  # the consumer stopped: leave once the open batch is handled
+        self._stopping = False  # stop() began
+        self._stop_spawned = False
+        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a batch
         self._task: Any = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -131,14 +134,23 @@ class BatchConsumer:
             self._task = self.runtime.spawn(
                 self._batches, name=f"nsq_sync-batches-{self.topic}/{self.channel}"
             )
+            # one of the pool's tasks: the consumer's stop joins it (after the last message
+            # in flight was answered) before it closes the connections, so the batch task's
+            # last FINs and REQs are written, not cut off
+            self._consumer._pool.tasks.append(self._task)
         self._consumer.start()
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
     ) -> RunSummary:
         """As :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`; ``max_messages`` counts
-        messages put in batches, and ``handled`` in the summary too."""
-        return run_to_end(
+        messages put in batches, and ``handled`` in the summary too.
+
+        Raises:
+            SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
+                and the consumer stopped gracefully first.
+        """
+        summary = run_to_end(
             self._consumer,
             timeout=timeout,
             idle_timeout=idle_timeout,
@@ -147,15 +159,33 @@ class BatchConsumer:
             stop=self.stop,
             stats=self.stats,
         )
+        if self._fatal is not None:
+            raise self._fatal
+        return summary
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
         then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`.
 
+        Called from ``handle_batch``, stop() cannot wait for that batch: it starts the stop on
+        a task of its own and returns False at once; the batch is answered as usual when
+        ``handle_batch`` returns.
+
         Returns:
             True when everything in flight was answered before the deadline.
         """
+        if self._task is not None and self.runtime.is_current(self._task):
+            with self._lock:
+                spawn = not self._stop_spawned
+                self._stop_spawned = True
+            if spawn:
+                self.runtime.spawn(
+                    self.stop, timeout, name=f"nsq_sync-stop-{self.topic}/{self.channel}"
+                )
+            return False
         deadline = time.monotonic() + timeout
+        self._stopping = True  # the batch task leaves once nothing is in flight
+        self._wake.set()
         clean = self._consumer.stop(timeout)
         with self._lock:
             self._closing = True
@@ -213,6 +243,12 @@ class BatchConsumer:
                     wait = self._opened_at + self.batch_timeout - time.monotonic()
                     if count >= self.batch_size or wait <= 0 or self._closing:
                         batch = self._take()
+            if count == 0 and self._stopping:
+                # leave once nothing can reach _collect any more: the consumer is stopping (it
+                # requeues whatever arrives now) and nothing it received is still in flight
+                if self._consumer._stopping and self._consumer._credit()[1] == 0:
+                    return
+                wait = POLL
             if not batch and count and self._cannot_grow(held):
                 with self._lock:
                     batch = self._take()
@@ -269,12 +305,22 @@ class BatchConsumer:
                 else:
                     message.requeue()
             return
-        except BaseException:
-            # SystemExit, KeyboardInterrupt, GreenletExit: nothing may stay in flight
+        except BaseException as exc:
+            # SystemExit, KeyboardInterrupt, GreenletExit: nothing may stay in flight. RDY 0
+            # first, or nsqd hands the requeued batch straight back.
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                consumer.set_max_in_flight(0)
             for message in batch:
                 if not message.has_responded:
                     message.requeue(0.0, backoff=False)
-            raise
+            if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+            # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
+            self.log.error("batch handler raised %r; stopping the consumer", exc)
+            if self._fatal is None:
+                self._fatal = exc
+            self.stop()
+            return
         to_finish = [m for m in batch if not m.has_responded]
         for message in to_finish:
             message._responded = True  # claimed, as the worker pool does before finish_many

@@ -4,6 +4,7 @@ batch_timeout or when no credit can fill them, and are finished or requeued as u
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,3 +171,61 @@ def test_bad_options_raise_at_construction(kwargs: dict[str, Any], match: str) -
         BatchConsumer("t", "c", Batches(), nsqd_tcp_addresses=["127.0.0.1:4150"], **kwargs)
     with pytest.raises(ValueError):  # ConfigError is a ValueError
         BatchConsumer("t", "c", Batches(), batch_size=3, max_in_flight=2, nsqd_tcp_addresses="h:1")
+
+
+def test_stop_from_the_batch_handler_finishes_that_batch_and_ends_run(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    """stop() cannot wait for the batch that calls it: it must not hang until its deadline
+    (the connections would close first and nsqd would redeliver the batch)."""
+    client = prepare_channel(nsqd, topic, CHANNEL, 4)
+    holder: list[BatchConsumer] = []
+
+    def stop_now(batch: list[Message], index: int) -> None:
+        assert holder[0].stop() is False  # started, not finished: this batch is still running
+
+    consumer = make(nsqd, topic, Batches(stop_now), batch_size=4, batch_timeout=5.0)
+    holder.append(consumer)
+    summary = consumer.run(timeout=60.0)
+    assert summary.reason == "stopped"
+    assert (summary.finished, summary.requeued) == (4, 0)
+    stats = settled_channel(client, topic, CHANNEL)
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
+
+
+def test_system_exit_in_the_batch_handler_requeues_the_batch_and_run_reraises_it(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+
+    def leave(batch: list[Message], index: int) -> None:
+        raise SystemExit(3)
+
+    consumer = make(nsqd, topic, Batches(leave), batch_size=3, batch_timeout=5.0)
+    with pytest.raises(SystemExit) as raised:
+        consumer.run(timeout=60.0)
+    assert raised.value.code == 3
+    stats = settled_channel(client, topic, CHANNEL)
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (3, 0, 3)
+
+
+def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    """Regression: the consumer's stop saw nothing in flight once a batch's FINs were counted
+    and closed the connections while the batch task was still writing them; nsqd then kept
+    the batch in flight until its timeout. The write is slowed down here to widen that gap."""
+    client = prepare_channel(nsqd, topic, CHANNEL, 4)
+    consumer = make(nsqd, topic, Batches(), batch_size=4, batch_timeout=5.0)
+    inner = consumer._consumer
+    write = inner._write_answers
+
+    def slow_write(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        write(*args, **kwargs)
+
+    inner._write_answers = slow_write  # type: ignore[method-assign]
+    summary = consumer.run(max_messages=4, timeout=60.0)
+    assert summary.finished == 4
+    stats = settled_channel(client, topic, CHANNEL)
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)

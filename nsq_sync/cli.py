@@ -40,6 +40,7 @@ from nsq_sync.errors import (
     InvalidBody,
     InvalidName,
     NSQConnectionError,
+    NSQError,
     PublishError,
 )
 from nsq_sync.http import NsqdHTTPClient
@@ -190,8 +191,11 @@ def _why(exc: BaseException) -> str:
     match = re.search(r"\[Errno -?\d+\] ([^\"'()]+)", str(exc))
     if match:
         return match.group(1).strip().rstrip(".")
-    if "timed out" in str(exc).lower():
+    text = str(exc)
+    if "timed out" in text.lower():
         return "timed out"
+    if "RemoteDisconnected" in text or "BadStatusLine" in text or "aborted" in text:
+        return "no HTTP answer (is this its HTTP port?)"
     return "no answer"
 
 
@@ -200,13 +204,17 @@ def _unreachable(what: str, address: str, exc: BaseException) -> Unreachable:
 
 
 def _http_call(what: str, client: Any, call: Any) -> Any:
-    """``call(client)``, turning a request that got no answer into Unreachable."""
+    """``call(client)``; a request that got no answer, or an HTTP error, becomes one line
+    naming the server (Unreachable)."""
     try:
         return call(client)
     except HTTPAPIError as exc:
-        if exc.status is None and "request failed" in str(exc.args[0]):
+        if exc.status is None:
             raise _unreachable(what, client.address, exc) from None
-        raise
+        raise Unreachable(
+            f"{what} {_host_port(client.address)} answered HTTP {exc.status} "
+            f"({exc.body.strip()[:100] or 'no body'}): is this an {what} HTTP address?"
+        ) from None
 
 
 def _check_nsqds(addresses: Sequence[str]) -> None:
@@ -219,6 +227,8 @@ def _check_nsqds(addresses: Sequence[str]) -> None:
             conn.connect()
         except NSQConnectionError as exc:
             raise _unreachable("nsqd", address, exc) from None
+        except NSQError as exc:  # e.g. an HTTP port, TLS or AUTH required
+            raise Unreachable(f"nsqd {address}: {exc}") from None
         finally:
             conn.close()
 
@@ -407,7 +417,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 failures.append(str(exc))
                 continue
         rows += stats_rows(_host_port(address), stats)
-    sys.stdout.write(table(STATS_COLUMNS, rows))
+    if rows or not failures:
+        sys.stdout.write(table(STATS_COLUMNS, rows))
     for failure in failures:
         print(f"{PROG} stats: {failure}", file=sys.stderr)
     return 1 if failures else 0
@@ -454,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"{where}: {exc}", file=sys.stderr)
         return 1
-    except (HTTPAPIError, NSQConnectionError) as exc:
+    except NSQError as exc:  # a server refused or broke the protocol (TLS, AUTH...)
         print(f"{where}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -161,6 +161,22 @@ def test_an_unreachable_server_is_one_line_naming_it_and_exit_1(args: list[str])
     assert "cannot reach" in line
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tail", "t", "--nsqd-tcp-address", "{http}"],  # nsqd's HTTP port given as TCP
+        ["stats", "--nsqd-http-address", "{tcp}"],  # and the other way round
+        ["lookup", "t", "--lookupd-http-address", "{http}"],  # nsqd is not a lookupd
+    ],
+)
+def test_a_wrong_port_is_one_line_naming_it_and_exit_1(nsqd: NsqdProcess, args: list[str]) -> None:
+    args = [a.format(http=nsqd.http_address, tcp=nsqd.tcp_address) for a in args]
+    done = nsq_sync(*args)
+    assert done.returncode == 1
+    assert args[-1] in one_clear_line(done.stderr)
+    assert done.stdout == b""
+
+
 # --------------------------------------------------------------------------- tail
 
 

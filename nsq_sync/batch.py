@@ -113,7 +113,7 @@ class BatchConsumer:
         self.log = self._consumer.log
         self._lock = self.runtime.lock()
         self._open: list[Message] = []  # collected, not yet handed to handle_batch
-        self._opened_at = 0.0  # when the oldest message in _open arrived
+        self._arrived: list[float] = []  # when each message in _open arrived
         self._busy = 0  # messages in the batch handle_batch is running on
         self._wake = self.runtime.event()
         self._closing = False  # the consumer stopped: leave once the open batch is handled
@@ -216,9 +216,8 @@ class BatchConsumer:
         """The consumer's handler (on its one worker): add ``message`` to the open batch."""
         message.enable_async()
         with self._lock:
-            if not self._open:
-                self._opened_at = time.monotonic()
             self._open.append(message)
+            self._arrived.append(time.monotonic())
             wake = len(self._open) == 1 or len(self._open) >= self.batch_size
         if wake:
             self._wake.set()
@@ -240,7 +239,7 @@ class BatchConsumer:
                     if self._closing:
                         return
                 else:
-                    wait = self._opened_at + self.batch_timeout - time.monotonic()
+                    wait = self._arrived[0] + self.batch_timeout - time.monotonic()
                     if count >= self.batch_size or wait <= 0 or self._closing:
                         batch = self._take()
             if count == 0 and self._stopping:
@@ -265,8 +264,7 @@ class BatchConsumer:
         """The oldest ``batch_size`` messages of the open batch (caller holds ``_lock``)."""
         batch = self._open[: self.batch_size]
         del self._open[: self.batch_size]
-        if self._open:
-            self._opened_at = time.monotonic()
+        del self._arrived[: self.batch_size]
         self._busy = len(batch)
         return batch
 

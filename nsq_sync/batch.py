@@ -319,8 +319,7 @@ class BatchConsumer:
                 self._fatal = exc
             self.stop()
             return
-        to_finish = [m for m in batch if not m.has_responded]
-        for message in to_finish:
-            message._responded = True  # claimed, as the worker pool does before finish_many
+        # claimed here (the first answer wins), then finished with one write per connection
+        to_finish = [m for m in batch if m._claim("finish")]
         if to_finish:
             consumer._finish_many(to_finish)

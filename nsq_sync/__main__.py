@@ -2,4 +2,5 @@
 
 from nsq_sync.cli import run
 
-run()
+if __name__ == "__main__":
+    run()

@@ -423,3 +423,41 @@ def test_a_long_handler_does_not_hold_back_the_fins_before_it() -> None:
     h.stop()
     assert seen_first_fin == [True]
     assert h.responder.calls == [("finish", first.id), ("finish", slow.id)]
+
+
+# --------------------------------------------------------------------------- run() hooks
+
+
+def test_admit_refusing_requeues_at_once_without_a_handler_call_or_give_up() -> None:
+    h = Harness(ok, max_attempts=1)
+    admitted: list[bytes] = []
+
+    def admit(message: Message) -> bool:
+        admitted.append(message.id)
+        return len(admitted) <= 1
+
+    h.pool.admit = admit
+    first, second, over = h.message(), h.message(), h.message(attempts=5)
+    calls = h.run(first, second, over)
+    assert sorted(calls) == [  # batched FINs go out after the requeues: compare as a set
+        ("finish", first.id),
+        ("requeue", second.id, 0.0, False),
+        ("requeue", over.id, 0.0, False),  # not given up: the run had ended
+    ]
+    assert h.events == [("handler", first.id)]
+
+
+def test_on_failed_counts_handler_exceptions_but_not_requeue_message() -> None:
+    failed: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        if message.body == b"boom":
+            raise ValueError("boom")
+        if message.body == b"req":
+            raise RequeueMessage(delay=0.0)
+
+    h = Harness(handler)
+    h.pool.on_failed = lambda message: failed.append(message.id)
+    boom_msg, req_msg, ok_msg = h.message(body=b"boom"), h.message(body=b"req"), h.message()
+    h.run(boom_msg, req_msg, ok_msg)
+    assert failed == [boom_msg.id]

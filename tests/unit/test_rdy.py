@@ -914,3 +914,19 @@ def test_scarce_credit_follows_the_connection_that_has_messages() -> None:
             assert wire.total == 1
         # at most one unproductive_after (0.5 s) per 5 s rotation, instead of half the time
         assert empty_holding / 300.0 < 0.15, (seed, empty_holding)
+
+
+def test_credit_left_is_rdy_above_in_flight_over_all_connections() -> None:
+    clock = [0.0]
+    rdy = RDYManager(10, clock=lambda: clock[0])
+    rdy.add("a", 2500)
+    rdy.add("b", 2500)
+    assert rdy.credit_left() == 2  # bootstrap RDY 1 each
+    rdy.on_messages("a", 1)  # raises a to its share (5): 4 more may come
+    assert rdy.credit_left() == 4 + 1
+    rdy.on_messages("b", 1)
+    assert rdy.credit_left() == 4 + 4
+    rdy.on_finish("a")
+    assert rdy.credit_left() == 5 + 4
+    rdy.set_max_in_flight(0)  # paused: RDY 0 everywhere, nothing may come
+    assert rdy.credit_left() == 0

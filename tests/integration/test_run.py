@@ -191,3 +191,36 @@ def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_not(
     )
     summary = dead.run(idle_timeout=0.3, timeout=1.5)
     assert summary.reason == "timeout"
+
+
+def test_a_handler_calling_stop_ends_the_run_as_stopped(nsqd: NsqdProcess, topic: str) -> None:
+    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+    holder: list[Consumer] = []
+
+    def handler(message: Message) -> None:
+        holder[0].stop()  # returns at once on a worker; the stop completes on its own
+
+    consumer = make(nsqd, topic, handler)
+    holder.append(consumer)
+    summary = consumer.run(idle_timeout=30.0, timeout=60.0)
+    assert summary.reason == "stopped"
+    assert summary.handled == 1
+    assert summary.finished == 1
+    stats = settled_channel(client, topic, CHANNEL)
+    assert (stats["in_flight_count"], stats["depth"] + stats["deferred_count"]) == (0, 2)
+
+
+def test_system_exit_in_a_handler_is_reraised_by_run_after_a_graceful_stop(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+
+    def handler(message: Message) -> None:
+        raise SystemExit(4)
+
+    consumer = make(nsqd, topic, handler)
+    with pytest.raises(SystemExit) as raised:
+        consumer.run(idle_timeout=30.0, timeout=60.0)
+    assert raised.value.code == 4
+    stats = settled_channel(client, topic, CHANNEL)
+    assert (stats["in_flight_count"], stats["depth"]) == (0, 3)

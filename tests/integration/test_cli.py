@@ -22,15 +22,20 @@ from support.nsq import bounded, free_closed_port, prepare_channel, settled_chan
 from nsq_sync import NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
-pytestmark = [
-    pytest.mark.integration,
-    # every test runs the command line in a process of its own, on threads: a gevent run of
-    # this module would repeat the threads run exactly (at twice the cost in CI)
-    pytest.mark.skipif(
-        os.environ.get("NSQ_SYNC_TEST_RUNTIME", "").strip().lower() == "gevent",
-        reason="the CLI subprocesses do not depend on the test process's runtime",
-    ),
-]
+pytestmark = pytest.mark.integration
+
+#: How the command line is started: ``python -m nsq_sync``, and in a gevent run of the suite the
+#: same module in a process that gevent patched first (as a gevent application that shells out to
+#: its own entry point would), so the command line is exercised on both runtimes.
+if os.environ.get("NSQ_SYNC_TEST_RUNTIME", "").strip().lower() == "gevent":
+    NSQ_SYNC_CMD = [
+        sys.executable,
+        "-c",
+        "from gevent import monkey; monkey.patch_all(); import runpy; "
+        "runpy.run_module('nsq_sync', run_name='__main__', alter_sys=True)",
+    ]
+else:
+    NSQ_SYNC_CMD = [sys.executable, "-m", "nsq_sync"]
 
 RUN_TIMEOUT = 60.0
 
@@ -45,7 +50,7 @@ def nsq_sync(
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``python -m nsq_sync ARGS`` to the end."""
     return subprocess.run(
-        [sys.executable, "-m", "nsq_sync", *args],
+        [*NSQ_SYNC_CMD, *args],
         input=stdin,
         capture_output=True,
         timeout=timeout,
@@ -55,7 +60,7 @@ def nsq_sync(
 
 def spawn(*args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "nsq_sync", *args],
+        [*NSQ_SYNC_CMD, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         **kwargs,
@@ -284,7 +289,7 @@ def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) 
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nsq_sync", "drain", topic, "ch", "--idle-timeout", "1",
+            [*NSQ_SYNC_CMD, "drain", topic, "ch", "--idle-timeout", "1",
              "--nsqd-tcp-address", nsqd.tcp_address],
             stdout=subprocess.PIPE,
             stderr=slave,

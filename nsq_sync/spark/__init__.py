@@ -1,0 +1,29 @@
+"""PySpark data source ``nsq``: DataFrames to NSQ and NSQ to DataFrames, at least once.
+
+    from nsq_sync.spark import NsqDataSource
+    spark.dataSource.register(NsqDataSource)
+    df.write.format("nsq").option("nsqd_tcp_addresses", "127.0.0.1:4150").option("topic", "t").mode("append").save()
+    spark.readStream.format("nsq").option("topic", "t").option("channel", "c")
+        .option("nsqd_tcp_addresses", "127.0.0.1:4150").load()
+
+Needs the ``spark`` extra (``pip install nsq_sync[spark]``: pyspark >= 4.0, pyarrow, pandas);
+``import nsq_sync`` never imports pyspark, only ``import nsq_sync.spark`` does. nsq_sync must be
+installed where the executors' Python runs (and ``PYSPARK_PYTHON`` point at that interpreter).
+"""
+
+from __future__ import annotations
+
+try:
+    import pyarrow  # noqa: F401  (the writer and the reader move rows as Arrow batches)
+    import pyspark
+    from pyspark.sql.datasource import DataSource  # noqa: F401  (pyspark >= 4.0)
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the unit tests
+    raise ImportError(
+        "nsq_sync.spark needs pyspark >= 4.0, pyarrow and pandas: pip install nsq_sync[spark] "
+        f"({exc})"
+    ) from exc
+
+from nsq_sync.spark._datasource import SOURCE_SCHEMA, NsqDataSource
+from nsq_sync.spark._sink import NsqCommitMessage
+
+__all__ = ["SOURCE_SCHEMA", "NsqCommitMessage", "NsqDataSource", "pyspark"]

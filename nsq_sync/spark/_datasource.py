@@ -1,0 +1,116 @@
+"""The ``nsq`` DataSource: options and schemas are checked here, while Spark plans the query.
+
+Spark constructs the DataSource (and the writers and readers it returns) in several processes and
+pickles them between processes (see the module docs of ``_sink`` and ``_source``), so nothing here
+opens a socket or starts a thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from nsq_sync.errors import ConfigError
+from nsq_sync.spark._options import sink_options, source_options
+from nsq_sync.spark._sink import NsqStreamWriter, NsqWriter
+from nsq_sync.spark._source import NsqStreamReader
+
+__all__ = ["SOURCE_SCHEMA", "NsqDataSource"]
+
+#: the rows the streaming source produces
+SOURCE_SCHEMA = (
+    "id string, body binary, timestamp timestamp, attempts int, nsqd_address string, "
+    "topic string, channel string"
+)
+
+
+class NsqDataSource(DataSource):
+    """Spark data source ``nsq``: a sink (batch and streaming) and a streaming source.
+
+    Register it once per SparkSession with ``spark.dataSource.register(NsqDataSource)``.
+
+    Sink (``df.write`` / ``df.writeStream``): columns ``body`` (binary or string) and optionally
+    ``topic`` (string; rows with a null topic go to the ``topic`` option). Options:
+    ``nsqd_tcp_addresses`` (required; ``host:port,...`` in order of preference), ``topic``,
+    ``batch_size`` (messages per MPUB, default 500), and any nsq_sync Config option
+    (``publish_timeout``, default 60 s here; ``max_body_size``/``max_msg_size``, nsqd's
+    defaults 5 MiB / 1 MiB: set them to your nsqd's ``--max-body-size``/``--max-msg-size``).
+
+    Source (``spark.readStream``): options ``topic``, ``channel``, ``nsqd_tcp_addresses`` and/or
+    ``lookupd_http_addresses``, ``max_messages_per_batch`` (default 1000; at most half of
+    ``max_in_flight``, which defaults to twice it), ``commit_flush_after`` (seconds an idle
+    stream waits before the empty batch that commits the last one, default 0.5),
+    ``drain_idle_timeout`` (with ``trigger(availableNow=True)``: seconds without a message after
+    which the channel counts as drained, default 2), and any Config option (``msg_timeout``
+    defaults to 60 s, ``max_attempts`` to 0: the source never gives up on a message).
+
+    Raises (while Spark plans the query, before anything is sent):
+        ConfigError: a missing, unknown or invalid option, or a bad column, named.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> str:
+        return SOURCE_SCHEMA
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = sink_options(self.options)
+        return NsqWriter(options, _sink_columns(schema, options.topic, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options = sink_options(self.options)
+        return NsqStreamWriter(options, _sink_columns(schema, options.topic, overwrite))
+
+    def simpleStreamReader(self, schema: StructType) -> NsqStreamReader:
+        options = source_options(self.options)
+        expected = StructType.fromDDL(SOURCE_SCHEMA)
+        if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
+            raise ConfigError(
+                f"the nsq source produces the columns {SOURCE_SCHEMA}; do not set another schema "
+                f"(got {schema.simpleString()})"
+            )
+        return NsqStreamReader(options, expected)
+
+
+def _sink_columns(schema: StructType, topic_option: str | None, overwrite: bool) -> dict[str, Any]:
+    """Which columns hold the body and the topic, and whether the body is text.
+
+    Raises:
+        ConfigError: overwrite mode, no ``body`` column, a column of the wrong type, a column
+            the sink would drop, or neither a ``topic`` column nor a ``topic`` option.
+    """
+    if overwrite:
+        raise ConfigError(
+            "the nsq sink only appends (publishing cannot overwrite): use mode('append')"
+        )
+    fields = {f.name.lower(): f for f in schema.fields}
+    body = fields.get("body")
+    if body is None:
+        raise ConfigError(
+            f"the nsq sink needs a column 'body' (binary or string); the DataFrame has "
+            f"{schema.simpleString()}"
+        )
+    if not isinstance(body.dataType, (BinaryType, StringType)):
+        raise ConfigError(
+            f"column 'body' must be binary or string, not {body.dataType.simpleString()}"
+        )
+    topic = fields.get("topic")
+    if topic is not None and not isinstance(topic.dataType, StringType):
+        raise ConfigError(f"column 'topic' must be a string, not {topic.dataType.simpleString()}")
+    if topic is None and topic_option is None:
+        raise ConfigError("the nsq sink needs the option 'topic' or a column 'topic'")
+    extra = sorted(set(fields) - {"body", "topic"})
+    if extra:
+        raise ConfigError(
+            f"column(s) {', '.join(repr(fields[e].name) for e in extra)} would be dropped: the "
+            "nsq sink publishes only 'body' (and routes by 'topic'); select those columns"
+        )
+    return {
+        "body": body.name,
+        "topic": None if topic is None else topic.name,
+        "text": isinstance(body.dataType, StringType),
+    }

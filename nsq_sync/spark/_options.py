@@ -1,0 +1,221 @@
+"""Options of the ``nsq`` data source, parsed and validated without pyspark.
+
+Spark hands a data source its options as a case-insensitive dict of strings. These functions
+turn them into plain, picklable values and raise :class:`~nsq_sync.errors.ConfigError` naming
+the option (and, for the sink, the column) *before* anything is sent: they run while Spark plans
+the query, so a typo fails the ``save()``/``start()`` call, not a task on an executor.
+
+Any :class:`~nsq_sync.config.Config` option (``tls_v1``, ``snappy``, ``msg_timeout``...) may be
+given too; unknown options raise, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nsq_sync.config import Config, parse_duration
+from nsq_sync.errors import ConfigError
+from nsq_sync._http_base import parse_http_address
+from nsq_sync.protocol.names import validate_channel, validate_topic
+from nsq_sync.transport import parse_address
+
+__all__ = ["SinkOptions", "SourceOptions", "sink_options", "source_options"]
+
+#: options Spark itself adds or that belong to it, never to nsq_sync
+_SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
+#: nsqd's defaults (v1.3.0 ``--max-msg-size``, ``--max-body-size``)
+_NSQD_MAX_MSG_SIZE = 1024 * 1024
+_NSQD_MAX_BODY_SIZE = 5 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """What a sink task needs: where to publish and how to cut MPUB batches."""
+
+    nsqd_tcp_addresses: tuple[str, ...]
+    topic: str | None
+    batch_size: int
+    config: Config
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What the driver-side consumer needs."""
+
+    topic: str
+    channel: str
+    nsqd_tcp_addresses: tuple[str, ...]
+    lookupd_http_addresses: tuple[str, ...]
+    max_messages_per_batch: int
+    commit_flush_after: float
+    drain_idle_timeout: float
+    config: Config
+
+
+def _split(name: str, value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return tuple(part.strip() for part in str(value).split(",") if part.strip())
+
+
+def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
+    if value is None:
+        return default
+    try:
+        result = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"option {name} must be an integer, got {value!r}") from None
+    if not lo <= result <= hi:
+        raise ConfigError(f"option {name} must be between {lo} and {hi}, got {result}")
+    return result
+
+
+def _seconds(name: str, value: Any, default: float, lo: float, hi: float) -> float:
+    if value is None:
+        return default
+    result = parse_duration(value, f"option {name}")
+    if not lo <= result <= hi:
+        raise ConfigError(f"option {name} must be between {lo} and {hi} seconds, got {value!r}")
+    return result
+
+
+def _split_options(
+    options: Mapping[str, str], own: frozenset[str], what: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(this source's own options, Config options); unknown keys raise."""
+    mine: dict[str, str] = {}
+    config: dict[str, str] = {}
+    for key, value in options.items():
+        name = str(key).strip().lower().replace("-", "_")
+        if name in own:
+            mine[name] = value
+        elif name in _CONFIG_FIELDS:
+            config[name] = value
+        elif name not in _SPARK_OPTIONS:
+            raise ConfigError(
+                f"unknown option {key!r} for the nsq {what} (options: "
+                f"{', '.join(sorted(own))}, or any nsq_sync Config option)"
+            )
+    return mine, config
+
+
+def _tcp_addresses(value: str | None, *, required: bool) -> tuple[str, ...]:
+    addresses = _split("nsqd_tcp_addresses", value)
+    if required and not addresses:
+        raise ConfigError(
+            "option nsqd_tcp_addresses is required: 'host:port' or a comma-separated list"
+        )
+    for address in addresses:
+        try:
+            parse_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"option nsqd_tcp_addresses: {exc}") from None
+    return addresses
+
+
+_SINK_OWN = frozenset({"nsqd_tcp_addresses", "topic", "batch_size"})
+
+
+def sink_options(options: Mapping[str, str]) -> SinkOptions:
+    """Validate the sink's options (``df.write.format("nsq")``).
+
+    Raises:
+        ConfigError: a missing, malformed, out-of-range or unknown option (named).
+    """
+    mine, config_opts = _split_options(options, _SINK_OWN, "sink")
+    addresses = _tcp_addresses(mine.get("nsqd_tcp_addresses"), required=True)
+    topic = mine.get("topic")
+    if topic is not None:
+        try:
+            topic = validate_topic(topic)
+        except ValueError as exc:
+            raise ConfigError(f"option topic: {exc}") from None
+    # A short nsqd outage (a restart) must not fail the task: publishes are retried for a minute.
+    config_opts.setdefault("publish_timeout", "60")
+    config_opts.setdefault("max_msg_size", str(_NSQD_MAX_MSG_SIZE))
+    config_opts.setdefault("max_body_size", str(_NSQD_MAX_BODY_SIZE))
+    config = _config(config_opts)
+    batch_size = _int("batch_size", mine.get("batch_size"), 500, 1, 1_000_000)
+    return SinkOptions(addresses, topic, batch_size, config)
+
+
+_SOURCE_OWN = frozenset(
+    {
+        "nsqd_tcp_addresses",
+        "lookupd_http_addresses",
+        "topic",
+        "channel",
+        "max_messages_per_batch",
+        "commit_flush_after",
+        "drain_idle_timeout",
+    }
+)
+
+
+def source_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate the streaming source's options (``spark.readStream.format("nsq")``).
+
+    Raises:
+        ConfigError: a missing, malformed, out-of-range or unknown option (named), or
+            ``max_messages_per_batch`` above half of ``max_in_flight``.
+    """
+    mine, config_opts = _split_options(options, _SOURCE_OWN, "source")
+    names: dict[str, str] = {}
+    for name, check in (("topic", validate_topic), ("channel", validate_channel)):
+        value = mine.get(name)
+        if value is None:
+            raise ConfigError(f"option {name} is required for the nsq source")
+        try:
+            names[name] = check(value)
+        except ValueError as exc:
+            raise ConfigError(f"option {name}: {exc}") from None
+    direct = _tcp_addresses(mine.get("nsqd_tcp_addresses"), required=False)
+    lookupds = _split("lookupd_http_addresses", mine.get("lookupd_http_addresses"))
+    for address in lookupds:
+        try:
+            parse_http_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"option lookupd_http_addresses: {exc}") from None
+    if not direct and not lookupds:
+        raise ConfigError(
+            "the nsq source needs option nsqd_tcp_addresses or lookupd_http_addresses"
+        )
+    per_batch = _int("max_messages_per_batch", mine.get("max_messages_per_batch"), 1000, 1, 10**7)
+    # Batch N waits for its commit while N+1 fills: each may hold half of the credit.
+    config_opts.setdefault("max_in_flight", str(min(2 * per_batch, 2500)))
+    # We must know nsqd's message timeout to TOUCH in time: ask for nsqd's default explicitly.
+    config_opts.setdefault("msg_timeout", "60")
+    # Spark, not the attempt count, decides what a row is worth: never give up on a message.
+    config_opts.setdefault("max_attempts", "0")
+    config = _config(config_opts)
+    if per_batch > config.max_in_flight // 2:
+        raise ConfigError(
+            f"option max_messages_per_batch ({per_batch}) must be at most half of "
+            f"max_in_flight ({config.max_in_flight}): the batch awaiting its commit and the "
+            "next one share the in-flight credit"
+        )
+    return SourceOptions(
+        topic=names["topic"],
+        channel=names["channel"],
+        nsqd_tcp_addresses=direct,
+        lookupd_http_addresses=lookupds,
+        max_messages_per_batch=per_batch,
+        commit_flush_after=_seconds(
+            "commit_flush_after", mine.get("commit_flush_after"), 0.5, 0.0, 3600.0
+        ),
+        drain_idle_timeout=_seconds(
+            "drain_idle_timeout", mine.get("drain_idle_timeout"), 2.0, 0.05, 3600.0
+        ),
+        config=config,
+    )
+
+
+def _config(options: Mapping[str, str]) -> Config:
+    try:
+        return Config.from_mapping(options)
+    except ConfigError as exc:
+        raise ConfigError(f"nsq data source option: {exc}") from None

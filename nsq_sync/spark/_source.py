@@ -1,0 +1,276 @@
+"""The streaming source: one Consumer on the driver; a batch's messages are FINed on commit.
+
+Where each piece runs (Spark 4, ``SimpleDataSourceStreamReader``): Spark serves ``read(start)``
+(through ``latestOffset``) and ``commit(end)`` of one reader object, sequentially, on the main
+thread of one long-lived Python process on the driver; the rows ``read`` returns travel to the
+JVM from there. Other copies of the reader are built and unpickled elsewhere (a planner
+process; executors, which only call ``readBetweenOffsets`` when a batch is replayed after a
+restart). So the Consumer starts lazily on the first ``read`` and is never pickled.
+
+Why the consumer cannot live on executors: a message can only be FINed over the connection that
+delivered it, and Spark calls ``commit`` on the driver once the batch's output is durable;
+a task's connection is long gone by then.
+
+The cycle: the Consumer's handler keeps every message (``enable_async``) in a buffer; ``read``
+takes up to ``max_messages_per_batch`` of them, returns them as rows with the offset
+``{"seq": start + 1}`` and keeps them as pending under that offset; ``commit(end)`` FINs every
+pending batch up to ``end``. Spark calls ``commit(end of batch N)`` only while it constructs batch
+N+1, so when messages are pending and no new one arrives within ``commit_flush_after`` seconds,
+``read`` returns the next offset with no rows (the zero-row tick): Spark runs that empty batch
+and commits batch N. A TOUCH task keeps held messages from timing out at nsqd while they wait.
+
+When the query stops (Spark sends the process SIGTERM, twice) or the process exits, everything
+held is requeued at once (REQ 0) and the consumer closes. A replayed batch
+(``readBetweenOffsets``) is empty: its messages were never FINed, so nsqd redelivers them.
+At least once: a batch whose output was written but whose commit did not reach this process
+(the query stopped or the driver died in between) is delivered again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import SimpleDataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from nsq_sync.consumer import Consumer
+from nsq_sync.errors import NSQError
+from nsq_sync.message import Message
+from nsq_sync.spark._options import SourceOptions
+
+try:  # pyspark >= 4.1 (availableNow for Python sources)
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
+except ImportError:  # pragma: no cover - pyspark 4.0
+
+    class _AvailableNow:  # type: ignore[no-redef]
+        pass
+
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NsqStreamReader"]
+
+#: how long ``read`` waits for a first message when nothing is pending (keeps Spark's
+#: no-data polling from spinning)
+_IDLE_WAIT = 0.1
+#: a batch stops filling once no message arrived for this long
+_LINGER = 0.05
+#: how long the availableNow drain waits for the first connection
+_CONNECT_WAIT = 30.0
+
+
+class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ignore[misc]
+    """Reads NSQ into micro-batches; see the module docs. Picklable (the live state is not)."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        self._arrived = threading.Condition(self._lock)
+        self._consumer: Consumer | None = None
+        self._buffer: deque[Message] = deque()
+        self._pending: dict[int, list[Message]] = {}
+        self._closing = False
+        self._signalled = False
+        self._available_now = False
+        self._toucher: threading.Thread | None = None
+        self._stop_touching = threading.Event()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only what describes the source: no consumer, lock or thread leaves this process.
+        return {"options": self.options, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.options = state["options"]
+        self.schema = state["schema"]
+        self._reset()
+
+    # ------------------------------------------------------------------ Spark's calls
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"seq": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[Any], dict[str, int]]:
+        """Up to ``max_messages_per_batch`` buffered messages as rows, and the next offset."""
+        self._ensure_started()
+        seq = int(start["seq"])
+        messages = self._take()
+        if messages:
+            with self._lock:
+                self._pending[seq + 1] = messages
+            return iter([self._to_arrow(messages)]), {"seq": seq + 1}
+        with self._lock:
+            pending = bool(self._pending)
+        if pending:
+            # The zero-row tick: an empty batch, so that Spark commits the pending one.
+            return iter([]), {"seq": seq + 1}
+        return iter([]), {"seq": seq}
+
+    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[Any]:
+        # A batch replayed after a restart: its messages were never FINed; nsqd redelivers them
+        # (at once when the old process requeued them, else after msg_timeout).
+        return iter([])
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """FIN every pending batch up to ``end`` (unknown or older offsets are ignored)."""
+        last = int(end["seq"])
+        with self._lock:
+            done = [seq for seq in self._pending if seq <= last]
+            batches = [self._pending.pop(seq) for seq in sorted(done)]
+        n = 0
+        for batch in batches:
+            for message in batch:
+                message.finish()
+            n += len(batch)
+        if n:
+            log.debug("nsq source: committed offset %d, finished %d message(s)", last, n)
+
+    # ------------------------------------------------------------------ consumer side
+
+    def _ensure_started(self) -> None:
+        if self._consumer is not None:
+            return
+        opts = self.options
+        self._consumer = Consumer(
+            opts.topic,
+            opts.channel,
+            self._on_message,
+            nsqd_tcp_addresses=list(opts.nsqd_tcp_addresses),
+            lookupd_http_addresses=list(opts.lookupd_http_addresses),
+            config=opts.config,
+            runtime="threads",  # Spark's runner loop blocks on a plain socket
+        )
+        self._consumer.start()
+        interval = (opts.config.msg_timeout or 60.0) / 3
+        self._toucher = threading.Thread(
+            target=self._touch_loop, args=(interval,), name="nsq_sync-spark-touch", daemon=True
+        )
+        self._toucher.start()
+        atexit.register(self.close)
+        if threading.current_thread() is threading.main_thread():
+            # Spark stops the reader's process with SIGTERM and never calls stop() on a simple
+            # reader: requeue what we hold, then let the process exit.
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_message(self, message: Message) -> None:
+        message.enable_async()
+        with self._lock:
+            if self._closing:
+                message.requeue(0.0, backoff=False)
+                return
+            self._buffer.append(message)
+            self._arrived.notify_all()
+
+    def _take(self) -> list[Message]:
+        opts = self.options
+        limit = opts.max_messages_per_batch
+        with self._lock:
+            if not self._buffer:
+                if self._available_now and not self._pending:
+                    self._wait_for_drain_start()
+                    wait = opts.drain_idle_timeout
+                elif self._pending:
+                    wait = opts.commit_flush_after
+                else:
+                    wait = _IDLE_WAIT
+                self._arrived.wait_for(lambda: bool(self._buffer), wait)
+            # Let a batch fill while messages keep coming (nsqd sends them in bursts).
+            size = -1
+            while len(self._buffer) < limit and len(self._buffer) != size:
+                size = len(self._buffer)
+                self._arrived.wait(_LINGER)
+            n = min(limit, len(self._buffer))
+            return [self._buffer.popleft() for _ in range(n)]
+
+    def _wait_for_drain_start(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        self._lock.release()
+        try:
+            if not consumer.wait_connected(_CONNECT_WAIT):
+                raise NSQError(
+                    f"nsq source: no connection to nsqd for {self.options.topic}/"
+                    f"{self.options.channel} within {_CONNECT_WAIT:g} s "
+                    f"(nsqd_tcp_addresses={list(self.options.nsqd_tcp_addresses)}, "
+                    f"lookupd_http_addresses={list(self.options.lookupd_http_addresses)})"
+                )
+        finally:
+            self._lock.acquire()
+
+    def _to_arrow(self, messages: list[Message]) -> Any:
+        import pyarrow as pa
+
+        opts = self.options
+        n = len(messages)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
+                pa.array([m.body for m in messages], pa.binary()),
+                pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC")),
+                pa.array([m.attempts for m in messages], pa.int32()),
+                pa.array([m.nsqd_address for m in messages], pa.string()),
+                pa.array([opts.topic] * n, pa.string()),
+                pa.array([opts.channel] * n, pa.string()),
+            ],
+            names=self.schema.fieldNames(),
+        )
+
+    def _held(self) -> list[Message]:
+        with self._lock:
+            held = list(self._buffer)
+            for batch in self._pending.values():
+                held.extend(batch)
+            return held
+
+    def _touch_loop(self, interval: float) -> None:
+        while not self._stop_touching.wait(interval):
+            held = self._held()
+            for message in held:
+                message.touch()
+            if held:
+                log.debug("nsq source: touched %d held message(s)", len(held))
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Requeue every message held (REQ 0: nsqd hands them out again at once) and stop the
+        consumer. Idempotent; thread-safe."""
+        with self._lock:
+            if self._closing or self._consumer is None:
+                self._closing = True
+                return
+            self._closing = True
+            held = list(self._buffer)
+            for batch in self._pending.values():
+                held.extend(batch)
+            self._buffer.clear()
+            self._pending.clear()
+            consumer = self._consumer
+        self._stop_touching.set()
+        for message in held:
+            message.requeue(0.0, backoff=False)
+        log.info("nsq source: stopping; requeued %d held message(s)", len(held))
+        consumer.stop(timeout=10.0)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Spark sends SIGTERM twice: only the first one acts.
+        if self._signalled:
+            return
+        self._signalled = True
+        start = time.monotonic()
+        self.close()
+        log.info("nsq source: SIGTERM handled in %.2f s", time.monotonic() - start)
+        raise SystemExit(0)

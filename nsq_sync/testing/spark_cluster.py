@@ -1,0 +1,286 @@
+"""A real Spark standalone cluster (one master, one worker) on loopback, for tests and demos.
+
+pip's pyspark ships ``bin/spark-class``, which runs the master and the worker daemons; this
+module starts them on 127.0.0.1 with free ports, waits until the master reports them ALIVE, and
+stops them (and the executors they started) again. Each daemon runs in its own process group and
+is killed when the process that started it dies (Linux ``PR_SET_PDEATHSIG``), so a killed test
+run leaves no JVM behind.
+
+Needs pyspark (``pip install nsq_sync[spark]``) and a Java 17+ ``java`` on PATH (or
+``JAVA_HOME``). Nothing is imported or started at import time.
+
+    with SparkStandaloneCluster(work_dir) as cluster:
+        spark = SparkSession.builder.master(cluster.master_url).getOrCreate()
+
+Command line: ``python -m nsq_sync.testing.spark_cluster [--work-dir DIR]`` starts a cluster,
+prints its URL and runs until SIGINT/SIGTERM (``scripts/spark-cluster``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+__all__ = ["SparkClusterError", "SparkStandaloneCluster", "find_java", "spark_home"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class SparkClusterError(RuntimeError):
+    """The cluster could not start (no pyspark, no java, a daemon died or never came up)."""
+
+
+def spark_home() -> Path:
+    """The pyspark installation (holds ``bin/spark-class`` and the jars).
+
+    Raises:
+        SparkClusterError: pyspark is not installed.
+    """
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise SparkClusterError("pyspark is not installed: pip install nsq_sync[spark]")
+    return Path(spec.origin).resolve().parent
+
+
+def find_java() -> str:
+    """Path of ``java`` (``$JAVA_HOME/bin/java`` first).
+
+    Raises:
+        SparkClusterError: no java (on Debian: apt-get install openjdk-17-jre-headless).
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    java = shutil.which("java")
+    if java is None:
+        raise SparkClusterError(
+            "java not found (Spark needs Java 17+; on Debian: apt-get install "
+            "openjdk-17-jre-headless)"
+        )
+    return java
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still cleans up
+
+
+class SparkStandaloneCluster:
+    """One Spark master and one worker on 127.0.0.1. Not thread-safe; a context manager.
+
+    Args:
+        work_dir: Logs and the worker's ``--work-dir`` go here.
+        cores: Cores the worker offers (applications take them with ``spark.cores.max``).
+        memory: Memory the worker offers to executors, e.g. ``"2g"``.
+        python: Interpreter for the Python workers (must have nsq_sync and pyarrow).
+    """
+
+    def __init__(
+        self,
+        work_dir: str | os.PathLike[str],
+        *,
+        cores: int = 2,
+        memory: str = "2g",
+        python: str = sys.executable,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.cores = cores
+        self.memory = memory
+        self.python = python
+        self.master_url = ""
+        self.master_web_url = ""
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[Path] = []
+
+    def env(self) -> dict[str, str]:
+        """The environment the daemons (and a driver talking to them) need."""
+        env = dict(os.environ)
+        env.update(
+            SPARK_HOME=str(spark_home()),
+            SPARK_LOCAL_IP="127.0.0.1",  # else Spark binds to the machine's external address
+            PYSPARK_PYTHON=self.python,
+            SPARK_LOG_DIR=str(self.work_dir / "logs"),
+            # the REST submission server takes the fixed port 6066
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+        )
+        java = find_java()
+        env.setdefault("JAVA_HOME", str(Path(java).resolve().parent.parent))
+        return env
+
+    def start(self, timeout: float = 240.0) -> SparkStandaloneCluster:
+        """Start the master, then the worker; return once the master lists the worker ALIVE.
+
+        Raises:
+            SparkClusterError: no pyspark or java, or a daemon exited or did not come up in time
+                (the message holds the end of its log).
+        """
+        deadline = time.monotonic() + timeout
+        env = self.env()
+        spark_class = str(spark_home() / "bin" / "spark-class")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "worker").mkdir(exist_ok=True)
+        port, web = _free_port(), _free_port()
+        self.master_url = f"spark://127.0.0.1:{port}"
+        self.master_web_url = f"http://127.0.0.1:{web}"
+        try:
+            self._spawn(
+                "master",
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
+                + ["--port", str(port), "--webui-port", str(web)],
+                env,
+            )
+            self._wait(lambda s: s.get("status") == "ALIVE", "the master", deadline)
+            self._spawn(
+                "worker",
+                [spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url]
+                + ["--host", "127.0.0.1", "--port", str(_free_port())]
+                + ["--webui-port", str(_free_port()), "--cores", str(self.cores)]
+                + ["--memory", self.memory, "--work-dir", str(self.work_dir / "worker")],
+                env,
+            )
+            self._wait(
+                lambda s: any(w.get("state") == "ALIVE" for w in s.get("workers", [])),
+                "the worker",
+                deadline,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log_path = self.work_dir / f"{name}.log"
+        self._logs.append(log_path)
+        with open(log_path, "ab") as log_file:
+            self._procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.work_dir,
+                    start_new_session=True,  # its own process group: stop() kills executors too
+                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
+            )
+
+    def _wait(self, ready: Any, what: str, deadline: float) -> None:
+        while True:
+            for proc, log_path in zip(self._procs, self._logs):
+                if proc.poll() is not None:
+                    raise SparkClusterError(
+                        f"{log_path.stem} exited with {proc.returncode}:\n{_tail(log_path)}"
+                    )
+            try:
+                state = requests.get(self.master_web_url + "/json/", timeout=2.0).json()
+                if ready(state):
+                    return
+            except (requests.RequestException, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise SparkClusterError(
+                    f"timed out waiting for {what}:\n{_tail(self._logs[-1])}"
+                )
+            time.sleep(0.25)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop the worker (and its executors), then the master. Idempotent."""
+        for proc in reversed(self._procs):
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)  # leftover executors in the group
+            proc.wait()
+        self._procs.clear()
+
+    def __enter__(self) -> SparkStandaloneCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(f"--- {p.name}\n{_tail(p, lines)}" for p in self._logs)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="spark-cluster",
+        description="Run a Spark standalone master and worker on 127.0.0.1 until interrupted.",
+    )
+    parser.add_argument("--work-dir", help="logs and worker files (default: a temporary folder)")
+    parser.add_argument("--cores", type=int, default=2, help="cores the worker offers")
+    parser.add_argument("--memory", default="2g", help="memory the worker offers")
+    args = parser.parse_args(argv)
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="spark-cluster-")
+    cluster = SparkStandaloneCluster(work_dir, cores=args.cores, memory=args.memory)
+    stop = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        cluster.start()
+    except SparkClusterError as exc:
+        print(f"spark-cluster: {exc}", file=sys.stderr)
+        return 1
+    print(cluster.master_url, flush=True)
+    print(
+        f"spark-cluster: master {cluster.master_url} (web UI {cluster.master_web_url}), "
+        f"logs in {work_dir}; Ctrl-C stops it",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        while not stop and all(p.poll() is None for p in cluster._procs):
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Helpers for the Spark tests: counting at nsqd, draining a channel, preloading a topic."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
+from support.nsq import wait_for
+
+
+def preload(tcp_address: str, topic: str, n: int, prefix: str = "m") -> list[bytes]:
+    """Publish ``n`` bodies ``<prefix><i>`` (MPUB) and return them."""
+    bodies = [f"{prefix}{i}".encode() for i in range(n)]
+    with Producer(tcp_address) as producer:
+        for i in range(0, n, 1000):
+            producer.multi_publish(topic, bodies[i : i + 1000])
+    return bodies
+
+
+def channel(http_address: str, topic: str, name: str) -> dict[str, Any]:
+    """The channel's /stats entry (an empty dict when it does not exist yet)."""
+    with NsqdHTTPClient(http_address) as client:
+        return client.channel_stats(topic, name, include_clients=False) or {}
+
+
+def topic_stats(http_address: str, topic: str) -> dict[str, Any]:
+    with NsqdHTTPClient(http_address) as client:
+        return client.topic_stats(topic, include_clients=False) or {}
+
+
+def drain(
+    tcp_address: str, topic: str, channel_name: str, expect: int, timeout: float = 60.0
+) -> collections.Counter[bytes]:
+    """Consume ``topic/channel_name`` until ``expect`` messages arrived; count every body."""
+    seen: collections.Counter[bytes] = collections.Counter()
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            seen[message.body] += 1
+
+    consumer = Consumer(
+        topic,
+        channel_name,
+        handle,
+        nsqd_tcp_addresses=[tcp_address],
+        max_in_flight=2500,
+        runtime="threads",
+    )
+    consumer.start()
+    try:
+        wait_for(lambda: sum(seen.values()) >= expect, f"{expect} messages", timeout)
+    finally:
+        consumer.stop()
+    return seen

@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from nsq_sync.errors import ConfigError
 from nsq_sync.spark._options import sink_options, source_options
@@ -24,6 +31,23 @@ SOURCE_SCHEMA = (
     "id string, body binary, timestamp timestamp, attempts int, nsqd_address string, "
     "topic string, channel string"
 )
+
+
+
+def source_struct() -> StructType:
+    """:data:`SOURCE_SCHEMA` as a StructType (``StructType.fromDDL`` needs a live session,
+    which the planner processes do not have)."""
+    return StructType(
+        [
+            StructField("id", StringType()),
+            StructField("body", BinaryType()),
+            StructField("timestamp", TimestampType()),
+            StructField("attempts", IntegerType()),
+            StructField("nsqd_address", StringType()),
+            StructField("topic", StringType()),
+            StructField("channel", StringType()),
+        ]
+    )
 
 
 class NsqDataSource(DataSource):
@@ -67,7 +91,7 @@ class NsqDataSource(DataSource):
 
     def simpleStreamReader(self, schema: StructType) -> NsqStreamReader:
         options = source_options(self.options)
-        expected = StructType.fromDDL(SOURCE_SCHEMA)
+        expected = source_struct()
         if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
             raise ConfigError(
                 f"the nsq source produces the columns {SOURCE_SCHEMA}; do not set another schema "

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("nsqd_tcp_addresses", nsqd)
         .option("topic", args.topic)
         .option("channel", args.channel)
-        .option("max_messages_per_batch", "2000")
+        .option("max_messages_per_batch", "1000")
         .load()
         .selectExpr("CAST(body AS STRING) AS body", "timestamp", "attempts")
         .writeStream.format("parquet")

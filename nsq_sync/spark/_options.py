@@ -186,7 +186,7 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
         )
     per_batch = _int("max_messages_per_batch", mine.get("max_messages_per_batch"), 1000, 1, 10**7)
     # Batch N waits for its commit while N+1 fills: each may hold half of the credit.
-    config_opts.setdefault("max_in_flight", str(min(2 * per_batch, 2500)))
+    config_opts.setdefault("max_in_flight", str(2 * per_batch))
     # We must know nsqd's message timeout to TOUCH in time: ask for nsqd's default explicitly.
     config_opts.setdefault("msg_timeout", "60")
     # Spark, not the attempt count, decides what a row is worth: never give up on a message.

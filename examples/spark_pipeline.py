@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     total = got.count()
     distinct = got.select("body").distinct().count()
     print(
-        f"NSQ -> Parquet: {total} rows ({distinct} distinct) in "
-        f"{time.monotonic() - started:.1f} s"
+        f"NSQ -> Parquet: {total} rows ({distinct} distinct) in {time.monotonic() - started:.1f} s"
     )
     spark.stop()
     ok = total == distinct == args.rows

@@ -33,7 +33,6 @@ SOURCE_SCHEMA = (
 )
 
 
-
 def source_struct() -> StructType:
     """:data:`SOURCE_SCHEMA` as a StructType (``StructType.fromDDL`` needs a live session,
     which the planner processes do not have)."""

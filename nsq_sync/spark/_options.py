@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nsq_sync._http_base import parse_http_address
 from nsq_sync.config import Config, parse_duration
 from nsq_sync.errors import ConfigError
-from nsq_sync._http_base import parse_http_address
 from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.transport import parse_address
 

@@ -48,8 +48,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["NsqCommitMessage", "NsqStreamWriter", "NsqWriter", "PartitionPublisher"]
 
-_MPUB_HEADER = 4  # message count
 _MPUB_PER_MESSAGE = 4  # size prefix
+
+
+def _mpub_header(topic: str) -> int:
+    """Bytes of an MPUB before its first message: ``MPUB <topic>\n``, the body size, the
+    message count (the Producer holds the whole command to ``max_body_size``)."""
+    return len("MPUB \n") + len(topic) + 4 + 4
 
 
 @dataclass
@@ -119,8 +124,8 @@ class PartitionPublisher:
             body = body.encode("utf-8")
         if not body:
             raise InvalidBody(
-                f"row {row} of partition {self.result.partition_id} has a "
-                f"{'null' if body is None else 'empty'} body; nsqd accepts no empty message"
+                f"row {row} of partition {self.result.partition_id} has "
+                f"{'a null' if body is None else 'an empty'} body; nsqd accepts no empty message"
             )
         size = len(body)
         if size > self._max_msg:
@@ -128,13 +133,13 @@ class PartitionPublisher:
                 f"row {row} of partition {self.result.partition_id}: body of {size} bytes "
                 f"exceeds max_msg_size {self._max_msg} (nsqd --max-msg-size)"
             )
-        bodies, total = self._batches.get(topic) or ([], _MPUB_HEADER)
+        bodies, total = self._batches.get(topic) or ([], _mpub_header(topic))
         if bodies and (
             len(bodies) >= self.options.batch_size
             or total + _MPUB_PER_MESSAGE + size > self._max_body
         ):
             self._publish(topic, bodies)
-            bodies, total = [], _MPUB_HEADER
+            bodies, total = [], _mpub_header(topic)
         bodies.append(body)
         self._batches[topic] = (bodies, total + _MPUB_PER_MESSAGE + size)
 
@@ -169,7 +174,7 @@ class PartitionPublisher:
         result.bytes += sum(map(len, bodies))
         result.mpubs += 1
         result.topics[topic] = result.topics.get(topic, 0) + len(bodies)
-        self._batches[topic] = ([], _MPUB_HEADER)
+        self._batches[topic] = ([], _mpub_header(topic))
 
 
 def _task_identity() -> tuple[int, int]:

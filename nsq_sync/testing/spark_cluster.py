@@ -202,9 +202,7 @@ class SparkStandaloneCluster:
             except (requests.RequestException, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise SparkClusterError(
-                    f"timed out waiting for {what}:\n{_tail(self._logs[-1])}"
-                )
+                raise SparkClusterError(f"timed out waiting for {what}:\n{_tail(self._logs[-1])}")
             time.sleep(0.25)
 
     def stop(self, timeout: float = 20.0) -> None:

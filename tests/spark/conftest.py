@@ -50,10 +50,15 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSta
 
 
 @pytest.fixture(scope="session")
-def spark(spark_cluster: SparkStandaloneCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark(
+    spark_cluster: SparkStandaloneCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     """The session's one SparkSession on ``spark_cluster``, with the nsq data source registered."""
     env = spark_cluster.env()
-    saved = {k: os.environ.get(k) for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "SPARK_HOME", "JAVA_HOME")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "SPARK_HOME", "JAVA_HOME")
+    }
     for key in saved:
         os.environ[key] = env[key]
     from pyspark.sql import SparkSession

@@ -6,8 +6,9 @@ import collections
 import threading
 from typing import Any
 
-from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
 from support.nsq import wait_for
+
+from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
 
 
 def preload(tcp_address: str, topic: str, n: int, prefix: str = "m") -> list[bytes]:

@@ -37,9 +37,7 @@ def test_the_pipeline_example_runs_through_spark_submit(
     for key, value in confs.items():
         argv += ["--conf", f"{key}={value}"]
     argv += [str(EXAMPLE), "--rows", "3000", "--work-dir", str(tmp_path / "work")]
-    result = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"master {spark_cluster.master_url}" in result.stdout
     assert "NSQ -> Parquet: 3000 rows (3000 distinct)" in result.stdout

@@ -155,4 +155,3 @@ def test_overwrite_mode_is_refused(spark: Any, nsqd: Any) -> None:
     df = spark.createDataFrame([], "body binary")
     with pytest.raises(Exception, match="only appends"):
         _writer(df, nsqd.tcp_address, "t").mode("overwrite").save()
-

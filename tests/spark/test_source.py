@@ -67,9 +67,9 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
     for batch_id, rows, in_flight in data_batches:
         assert in_flight >= rows, f"batch {batch_id}: {rows} rows but {in_flight} in flight"
     final = wait_for(
-        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))
-        and s["in_flight_count"] == 0
-        and s,
+        lambda: (
+            (s := channel(nsqd.http_address, topic, CHANNEL)) and s["in_flight_count"] == 0 and s
+        ),
         "nothing in flight",
         timeout=30,
     )

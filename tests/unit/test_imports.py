@@ -161,3 +161,31 @@ def test_importing_the_package_is_side_effect_free() -> None:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["forbidden"] == []
     assert report["threads"] == 1, report["thread_names"]
+
+
+_SPARK_PROBE = """
+import sys
+sys.modules["pyspark"] = None  # as if the spark extra were not installed
+try:
+    import nsq_sync.spark
+except ImportError as exc:
+    print(exc)
+else:
+    print("imported")
+"""
+
+
+def test_nsq_sync_spark_without_pyspark_names_the_extra() -> None:
+    env = dict(os.environ)
+    root = str(PACKAGE_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, "-c", _SPARK_PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install nsq_sync[spark]" in result.stdout

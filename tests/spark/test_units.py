@@ -1,0 +1,164 @@
+"""The data source's pieces without a SparkSession: options, schema checks, pickling (no socket
+or thread in any constructor or unpickled copy), MPUB batching against a real nsqd."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from nsq_sync.errors import ConfigError, InvalidBody
+from nsq_sync.spark import NsqDataSource
+from nsq_sync.spark._datasource import source_struct
+from nsq_sync.spark._options import sink_options, source_options
+from nsq_sync.spark._sink import NsqCommitMessage, NsqWriter, PartitionPublisher, summarize
+from nsq_sync.spark._source import NsqStreamReader
+
+pytestmark = pytest.mark.spark
+
+SOURCE = {"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "t", "channel": "c"}
+
+
+class _NoSockets:
+    """Fails the test if anything opens a socket or starts a thread meanwhile."""
+
+    def __enter__(self) -> _NoSockets:
+        self._threads = threading.active_count()
+        self._socket = socket.socket.connect
+        socket.socket.connect = self._refuse  # type: ignore[method-assign]
+        return self
+
+    @staticmethod
+    def _refuse(*args: Any) -> None:
+        raise AssertionError(f"connect{args[1:]} from a constructor")
+
+    def __exit__(self, *exc: object) -> None:
+        socket.socket.connect = self._socket  # type: ignore[method-assign]
+        assert threading.active_count() == self._threads
+
+
+def test_the_source_is_built_and_pickled_without_connecting() -> None:
+    with _NoSockets():
+        source = NsqDataSource(dict(SOURCE))
+        reader = source.simpleStreamReader(source_struct())
+        copy = cloudpickle.loads(cloudpickle.dumps(reader))
+        assert copy._consumer is None
+        assert copy.options == reader.options
+        assert reader.initialOffset() == {"seq": 0}
+        # a replay on an executor: empty, and still no connection
+        assert list(copy.readBetweenOffsets({"seq": 0}, {"seq": 1})) == []
+        copy.commit({"seq": 5})  # unknown offsets are ignored
+        cloudpickle.loads(cloudpickle.dumps(source))
+
+
+def test_the_sink_writer_is_built_and_pickled_without_connecting() -> None:
+    with _NoSockets():
+        source = NsqDataSource({"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "t"})
+        writer = source.writer(StructType([StructField("body", StringType())]), False)
+        copy = cloudpickle.loads(cloudpickle.dumps(writer))
+        assert isinstance(copy, NsqWriter)
+        assert copy.columns == {"body": "body", "topic": None, "text": True}
+
+
+def test_a_started_reader_pickles_without_its_consumer() -> None:
+    reader = NsqStreamReader(source_options(SOURCE), source_struct())
+    reader._consumer = object()  # type: ignore[assignment]  # as in the driver's runner
+    copy = cloudpickle.loads(cloudpickle.dumps(reader))
+    assert copy._consumer is None
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"channel": None}, "option channel is required"),
+        ({"topic": "bad topic"}, "option topic"),
+        ({"nsqd_tcp_addresses": "nohost"}, "nsqd_tcp_addresses"),
+        ({"nsqd_tcp_addresses": None}, "nsqd_tcp_addresses or lookupd_http_addresses"),
+        ({"lookupd_http_addresses": "ftp://x:1"}, "lookupd_http_addresses"),
+        ({"max_messages_per_batch": "0"}, "max_messages_per_batch"),
+        ({"max_messages_per_batch": "many"}, "max_messages_per_batch"),
+        ({"max_messages_per_batch": "600", "max_in_flight": "1000"}, "at most half"),
+        ({"commit_flush_after": "-1"}, "commit_flush_after"),
+        ({"drain_idle_timeout": "soon"}, "drain_idle_timeout"),
+        ({"chanel": "x"}, "chanel"),
+        ({"snappy": "maybe"}, "snappy"),
+    ],
+)
+def test_bad_source_options_are_named(options: dict[str, Any], named: str) -> None:
+    given = {**SOURCE, **options}
+    with pytest.raises(ConfigError, match=named):
+        source_options({k: v for k, v in given.items() if v is not None})
+
+
+def test_source_defaults() -> None:
+    opts = source_options({**SOURCE, "checkpointLocation": "/tmp/x"})
+    assert opts.max_messages_per_batch == 1000
+    assert opts.config.max_in_flight == 2000
+    assert opts.config.msg_timeout == 60.0
+    assert opts.config.max_attempts == 0  # never give up on a row
+    assert source_options({**SOURCE, "MSG_TIMEOUT": "5s"}).config.msg_timeout == 5.0
+
+
+def test_the_source_refuses_another_schema() -> None:
+    source = NsqDataSource(dict(SOURCE))
+    with pytest.raises(ConfigError, match="do not set another schema"):
+        source.simpleStreamReader(StructType([StructField("body", IntegerType())]))
+
+
+def test_sink_defaults_and_errors() -> None:
+    opts = sink_options({"nsqd_tcp_addresses": "127.0.0.1:4150, 127.0.0.1:4250", "topic": "t"})
+    assert opts.nsqd_tcp_addresses == ("127.0.0.1:4150", "127.0.0.1:4250")
+    assert opts.batch_size == 500
+    assert opts.config.publish_timeout == 60.0
+    with pytest.raises(ConfigError, match="nsqd_tcp_addresses is required"):
+        sink_options({"topic": "t"})
+
+
+def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, topic: str) -> None:
+    from support.nsq import message_count
+
+    opts = sink_options(
+        {
+            "nsqd_tcp_addresses": nsqd.tcp_address,
+            "topic": topic,
+            "batch_size": "100",
+            "max_body_size": "1000",
+            "max_msg_size": "200",
+        }
+    )
+    publisher = PartitionPublisher(opts, partition_id=3)
+    try:
+        # 100 bytes each in the MPUB, whose header takes 14 + len(topic): 8 or 9 per MPUB
+        publisher.add_many([b"x" * 96] * 25, None)
+        publisher.flush()
+        publisher.add_many(["y"] * 150, [None] * 150)  # str bodies, default topic; 100 per MPUB
+        publisher.flush()
+        with pytest.raises(InvalidBody, match="row 175 of partition 3.*max_msg_size 200"):
+            publisher.add(b"z" * 201, topic)
+    finally:
+        publisher.close()
+    result = publisher.result
+    assert result.messages == 175
+    assert result.mpubs == 3 + 2  # 25 big ones: 9 + 9 + 7; then 150 small: 100 + 50
+    assert message_count(nsqd.http_address, topic) == 175
+    total = summarize([result, None])
+    assert total["messages"] == 175
+    assert total["failed_partitions"] == 1
+    assert total["topics"] == {topic: 175}
+    assert cloudpickle.loads(cloudpickle.dumps(result)) == result
+    assert isinstance(result, NsqCommitMessage)
+
+
+def test_empty_and_untopiced_rows_are_refused_naming_the_row() -> None:
+    opts = sink_options({"nsqd_tcp_addresses": "127.0.0.1:1"})
+    publisher = PartitionPublisher(opts, partition_id=0)
+    with pytest.raises(ConfigError, match="row 0 of partition 0 has a null topic"):
+        publisher.add(b"x", None)
+    with pytest.raises(InvalidBody, match="row 1 of partition 0 has a null body"):
+        publisher.add(None, "t")
+    with pytest.raises(InvalidBody, match="row 2 of partition 0 has an empty body"):
+        publisher.add(b"", "t")

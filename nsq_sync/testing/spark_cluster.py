@@ -217,6 +217,32 @@ class SparkStandaloneCluster:
             proc.wait()
         self._procs.clear()
 
+    def session(self, app_name: str, **conf: str) -> Any:
+        """A SparkSession (``getOrCreate``) on this cluster, bound to loopback, whose executors
+        run :attr:`python`. Sets ``SPARK_LOCAL_IP``, ``PYSPARK_PYTHON``, ``SPARK_HOME`` and
+        ``JAVA_HOME`` in this process's environment (the driver JVM reads them).
+
+        Args:
+            app_name: The application's name.
+            **conf: Further Spark settings, e.g. ``{"spark.cores.max": "1"}``.
+        """
+        env = self.env()
+        for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "SPARK_HOME", "JAVA_HOME"):
+            os.environ[key] = env[key]
+        from pyspark.sql import SparkSession
+
+        builder = (
+            SparkSession.builder.master(self.master_url)
+            .appName(app_name)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.executorEnv.PYSPARK_PYTHON", self.python)
+            .config("spark.ui.enabled", "false")
+        )
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
     def __enter__(self) -> SparkStandaloneCluster:
         return self.start()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,40 +53,22 @@ def spark(
     spark_cluster: SparkStandaloneCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     """The session's one SparkSession on ``spark_cluster``, with the nsq data source registered."""
-    env = spark_cluster.env()
-    saved = {
-        k: os.environ.get(k)
-        for k in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "SPARK_HOME", "JAVA_HOME")
-    }
-    for key in saved:
-        os.environ[key] = env[key]
-    from pyspark.sql import SparkSession
-
     from nsq_sync.spark import NsqDataSource
 
-    session = (
-        SparkSession.builder.master(spark_cluster.master_url)
-        .appName("nsq_sync-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .config("spark.cores.max", "1")
-        .config("spark.executor.cores", "1")
-        .config("spark.executor.memory", "768m")
-        .config("spark.driver.memory", "768m")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.speculation", "false")
-        .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-        .getOrCreate()
+    session = spark_cluster.session(
+        "nsq_sync-tests",
+        **{
+            "spark.cores.max": "1",
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "768m",
+            "spark.driver.memory": "768m",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.speculation": "false",
+            "spark.local.dir": str(tmp_path_factory.mktemp("spark-local")),
+        },
     )
     session.dataSource.register(NsqDataSource)
     try:
         yield session
     finally:
         session.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -13,6 +13,8 @@ import pytest
 from spark_helpers import channel, drain, preload
 from support.nsq import wait_for
 
+from nsq_sync import NsqdHTTPClient
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 CHANNEL = "spark"
@@ -28,6 +30,16 @@ def _stream(spark: Any, nsqd: Any, topic: str, **options: Any) -> Any:
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
+
+
+def _run(df: Any, sink: Any, checkpoint: Path | str, **trigger: Any) -> Any:
+    """Start ``df`` into ``foreachBatch(sink)`` (default trigger: availableNow)."""
+    return (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**(trigger or {"availableNow": True}))
+        .start()
+    )
 
 
 def _parquet_bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
@@ -49,12 +61,8 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
         in_flight_seen.append((batch_id, rows, stats["in_flight_count"]))
         batch.write.mode("append").parquet(str(out))
 
-    query = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=1000)
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
+    query = _run(
+        _stream(spark, nsqd, topic, max_messages_per_batch=1000), sink, str(tmp_path / "checkpoint")
     )
     assert query.awaitTermination(240), "availableNow did not end"
     assert query.exception() is None
@@ -94,13 +102,7 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
         if batch.count():
             raise RuntimeError("the sink is down")
 
-    first = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=100)
-        .writeStream.foreachBatch(failing)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    first = _run(_stream(spark, nsqd, topic, max_messages_per_batch=100), failing, checkpoint)
     with pytest.raises(Exception, match="the sink is down"):
         first.awaitTermination(240)
     # Stopping the failed query requeued what its reader held: nothing waits for msg_timeout.
@@ -114,13 +116,7 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
     def collect(batch: Any, batch_id: int) -> None:
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
-    second = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=100)
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    second = _run(_stream(spark, nsqd, topic, max_messages_per_batch=100), collect, checkpoint)
     assert second.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
     assert set(got.values()) == {1}
@@ -141,12 +137,11 @@ def test_a_stopped_query_leaves_nothing_in_flight(
     def collect(batch: Any, batch_id: int) -> None:
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
-    query = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=100)
-        .writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(processingTime="1 second")
-        .start()
+    query = _run(
+        _stream(spark, nsqd, topic, max_messages_per_batch=100),
+        collect,
+        str(tmp_path / "checkpoint"),
+        processingTime="1 second",
     )
     try:
         wait_for(lambda: len(got) >= 200, "two batches", timeout=180, interval=0.1)
@@ -179,12 +174,10 @@ def test_held_messages_are_touched_past_msg_timeout(
             time.sleep(4.5)  # three times msg_timeout
         got.update(bytes(r.body) for r in rows)
 
-    query = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=100, msg_timeout="1.5s")
-        .writeStream.foreachBatch(slow)
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
+    query = _run(
+        _stream(spark, nsqd, topic, max_messages_per_batch=100, msg_timeout="1.5s"),
+        slow,
+        str(tmp_path / "checkpoint"),
     )
     assert query.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
@@ -223,3 +216,35 @@ def test_bad_source_options_fail_when_the_query_starts(
             query.awaitTermination(120)
         finally:
             query.stop()
+
+
+def test_nsq_to_nsq_through_the_streaming_sink(
+    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+) -> None:
+    bodies = preload(nsqd.tcp_address, topic, 1500)
+    target = f"{topic[:55]}_out"
+    with NsqdHTTPClient(nsqd.http_address) as client:
+        client.create_topic(target)
+        client.create_channel(target, "check")
+    query = (
+        _stream(spark, nsqd, topic, max_messages_per_batch=500)
+        .select("body")
+        .writeStream.format("nsq")
+        .option("nsqd_tcp_addresses", nsqd.tcp_address)
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(240)
+    assert query.exception() is None
+    assert sum(p["numInputRows"] for p in query.recentProgress) == 1500
+    seen = drain(nsqd.tcp_address, target, "check", 1500)
+    assert sorted(seen) == sorted(bodies)
+    assert set(seen.values()) == {1}
+    wait_for(
+        lambda: channel(nsqd.http_address, topic, CHANNEL)["in_flight_count"] == 0,
+        "the source's last batch to be committed",
+        timeout=30,
+    )
+    assert channel(nsqd.http_address, topic, CHANNEL)["depth"] == 0

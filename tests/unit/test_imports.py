@@ -145,12 +145,13 @@ print(json.dumps({{
 """
 
 
-def test_importing_the_package_is_side_effect_free() -> None:
+def _run_probe(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter that imports this checkout's nsq_sync."""
     env = dict(os.environ)
     root = str(PACKAGE_DIR.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", _PROBE],
+        [sys.executable, "-W", "error", "-c", code],
         capture_output=True,
         text=True,
         env=env,
@@ -158,6 +159,11 @@ def test_importing_the_package_is_side_effect_free() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_importing_the_package_is_side_effect_free() -> None:
+    result = _run_probe(_PROBE)
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["forbidden"] == []
     assert report["threads"] == 1, report["thread_names"]
@@ -176,16 +182,5 @@ else:
 
 
 def test_nsq_sync_spark_without_pyspark_names_the_extra() -> None:
-    env = dict(os.environ)
-    root = str(PACKAGE_DIR.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, "-c", _SPARK_PROBE],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = _run_probe(_SPARK_PROBE)
     assert "pip install nsq_sync[spark]" in result.stdout

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nsqd {nsqd}, topic {args.topic}, master {spark.sparkContext.master}, files in {work}")
 
     # 1. Some orders in Parquet (the input of a batch job).
-    orders = spark.range(args.rows, numPartitions=4).selectExpr(
+    orders = spark.range(args.rows, numPartitions=2).selectExpr(
         "to_json(named_struct('order', id, 'amount', id % 100)) AS body"
     )
     orders.write.mode("overwrite").parquet(str(work / "orders.parquet"))
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         .option("nsqd_tcp_addresses", nsqd)
         .option("topic", args.topic)
         .option("channel", args.channel)
-        .option("max_messages_per_batch", "1000")
+        .option("max_messages_per_batch", "5000")
         .load()
         .selectExpr("CAST(body AS STRING) AS body", "timestamp", "attempts")
         .writeStream.format("parquet")
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         .start()
     )
     query.awaitTermination()
-    got = spark.read.parquet(str(work / "from_nsq.parquet"))
-    total = got.count()
-    distinct = got.select("body").distinct().count()
+    bodies = [r.body for r in spark.read.parquet(str(work / "from_nsq.parquet")).collect()]
+    total, distinct = len(bodies), len(set(bodies))
     print(
         f"NSQ -> Parquet: {total} rows ({distinct} distinct) in {time.monotonic() - started:.1f} s"
     )

@@ -157,7 +157,11 @@ class PartitionPublisher:
 
     def _publish(self, topic: str, bodies: list[bytes]) -> None:
         if self._producer is None:
-            self._producer = Producer(list(self.options.nsqd_tcp_addresses), self.options.config)
+            # An MPUB whose answer was lost is sent again (at least once), rather than failing
+            # the task: a task retry would resend the whole partition.
+            self._producer = Producer(
+                list(self.options.nsqd_tcp_addresses), self.options.config, retry_unknown=True
+            )
         try:
             self._producer.multi_publish(topic, bodies)
         except PublishError as exc:

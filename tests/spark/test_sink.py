@@ -97,12 +97,25 @@ def test_an_nsqd_restart_mid_write_loses_nothing(
 
     thread = threading.Thread(target=restart_when_half_way)
     thread.start()
+    context = spark.sparkContext
+    group = f"restart-{topic}"
+    context.setJobGroup(group, "nsqd restart mid-write")
     try:
         _writer(df, server.tcp_address, topic, batch_size=500).save()
     finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
         thread.join(240)
     assert not failures, failures
     assert restarted.is_set()
+    # The publishes were retried inside the tasks: no task failed (Spark did not have to retry).
+    tracker = context.statusTracker()
+    stages = [
+        tracker.getStageInfo(stage)
+        for job in tracker.getJobIdsForGroup(group)
+        for stage in tracker.getJobInfo(job).stageIds
+    ]
+    assert stages
+    assert [s.numFailedTasks for s in stages if s is not None] == [0] * len(stages)
     depth = channel(server.http_address, topic, "check")["depth"]
     assert depth >= n
     seen = drain(server.tcp_address, topic, "check", depth)

@@ -42,6 +42,18 @@ def _run(df: Any, sink: Any, checkpoint: Path | str, **trigger: Any) -> Any:
     )
 
 
+def _assert_drained(nsqd: Any, topic: str) -> dict[str, Any]:
+    """Wait until nothing is in flight on the channel (the last batch was committed and FINed,
+    or requeued), then check that nothing is left in it either; return its stats."""
+    stats: dict[str, Any] = wait_for(
+        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
+        "nothing in flight",
+        timeout=30,
+    )
+    assert stats["depth"] == 0
+    return stats
+
+
 def _parquet_bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
     rows = spark.read.parquet(str(path)).select("body").collect()
     return collections.Counter(bytes(r.body) for r in rows)
@@ -74,14 +86,7 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
     assert all(rows <= 1000 for _, rows, _ in data_batches)
     for batch_id, rows, in_flight in data_batches:
         assert in_flight >= rows, f"batch {batch_id}: {rows} rows but {in_flight} in flight"
-    final = wait_for(
-        lambda: (
-            (s := channel(nsqd.http_address, topic, CHANNEL)) and s["in_flight_count"] == 0 and s
-        ),
-        "nothing in flight",
-        timeout=30,
-    )
-    assert final["depth"] == 0
+    final = _assert_drained(nsqd, topic)
     assert final["requeue_count"] == 0
     assert final["timeout_count"] == 0
     rows = spark.read.parquet(str(out)).collect()
@@ -120,12 +125,7 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
     assert second.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
     assert set(got.values()) == {1}
-    wait_for(
-        lambda: channel(nsqd.http_address, topic, CHANNEL)["in_flight_count"] == 0,
-        "nothing in flight",
-        timeout=30,
-    )
-    assert channel(nsqd.http_address, topic, CHANNEL)["depth"] == 0
+    _assert_drained(nsqd, topic)
 
 
 def test_a_stopped_query_leaves_nothing_in_flight(
@@ -242,9 +242,4 @@ def test_nsq_to_nsq_through_the_streaming_sink(
     seen = drain(nsqd.tcp_address, target, "check", 1500)
     assert sorted(seen) == sorted(bodies)
     assert set(seen.values()) == {1}
-    wait_for(
-        lambda: channel(nsqd.http_address, topic, CHANNEL)["in_flight_count"] == 0,
-        "the source's last batch to be committed",
-        timeout=30,
-    )
-    assert channel(nsqd.http_address, topic, CHANNEL)["depth"] == 0
+    _assert_drained(nsqd, topic)

@@ -83,29 +83,37 @@ class PerProcess(Generic[T]):
             free of I/O).
         discard: drops the parent's value in the child (close descriptors only: never shut
             down a socket the parent still uses).
+        lazy: build the first value at the first :meth:`get`, not now (a Producer: its runtime
+            is decided when it first publishes).
     """
 
     __slots__ = ("_factory", "_discard", "_value", "_generation")
 
-    def __init__(self, factory: Callable[[], T], discard: Callable[[T], None]) -> None:
+    def __init__(
+        self, factory: Callable[[], T], discard: Callable[[T], None], *, lazy: bool = False
+    ) -> None:
         install()
         self._factory = factory
         self._discard = discard
-        self._value = factory()
-        self._generation = generation
+        self._value: T | None = None
+        self._generation = -1  # no process: built by the first get() (lazy)
+        if not lazy:
+            self._value = factory()
+            self._generation = generation
 
     def get(self) -> T:
-        """The value of the current process (built here once, after a fork)."""
-        if self._generation == generation:
-            return self._value
-        with _lock:
-            if self._generation != generation:
-                old = self._value
-                # value first, then the stamp: a thread that sees the new stamp sees the value
-                self._value = self._factory()
-                self._generation = generation
-                self._discard(old)
-        return self._value
+        """The value of the current process (built here once: at the first use if ``lazy``,
+        and after a fork)."""
+        if self._generation != generation:
+            with _lock:
+                if self._generation != generation:
+                    old = self._value
+                    # value first, then the stamp: a thread that sees the new stamp sees the value
+                    self._value = self._factory()
+                    self._generation = generation
+                    if old is not None:
+                        self._discard(old)
+        return self._value  # type: ignore[return-value]  # built above
 
     def peek(self) -> T | None:
         """The value if it belongs to this process, else None (nothing is built or dropped)."""

@@ -204,14 +204,23 @@ class Config:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            coerced = _coerce(f.name, f.metadata["kind"], value)
-            lo, hi = f.metadata["min"], f.metadata["max"]
-            numeric = isinstance(coerced, (int, float)) and not isinstance(coerced, bool)
-            if numeric and (lo is not None and coerced < lo or hi is not None and coerced > hi):
-                raise ConfigError(f"{f.name}={value!r} is out of range [{lo}, {hi}]")
+            coerced = _check_field(f, value)
             if coerced is not value:
                 object.__setattr__(self, f.name, coerced)
         self._check_cross_fields()
+
+    @classmethod
+    def check_option(cls, name: str, value: Any) -> Any:
+        """Validate one option on its own (type and range; not the rules that relate options,
+        which construction checks) and return it converted (``"250ms"`` -> 0.25).
+
+        Raises:
+            ConfigError: an unknown name, or a value of the wrong type or out of range.
+        """
+        f = _FIELDS.get(name)
+        if f is None:
+            raise ConfigError(f"unknown option: {name}")
+        return _check_field(f, value)
 
     def _check_cross_fields(self) -> None:
         if self.heartbeat_interval >= self.read_timeout:
@@ -296,7 +305,18 @@ class Config:
         return cls.from_mapping(picked)
 
 
-_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Config))
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FIELD_NAMES = frozenset(_FIELDS)
+
+
+def _check_field(f: dataclasses.Field[Any], value: Any) -> Any:
+    coerced = _coerce(f.name, f.metadata["kind"], value)
+    lo, hi = f.metadata["min"], f.metadata["max"]
+    numeric = isinstance(coerced, (int, float)) and not isinstance(coerced, bool)
+    if numeric and (lo is not None and coerced < lo or hi is not None and coerced > hi):
+        raise ConfigError(f"{f.name}={value!r} is out of range [{lo}, {hi}]")
+    return coerced
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -41,7 +41,7 @@ from nsq_sync.protocol.events import MessageFrame
 from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.rdy import RDYManager
 from nsq_sync.running import RunSummary, run_to_end
-from nsq_sync.runtime import Runtime, resolve_runtime
+from nsq_sync.runtime import Runtime, patched_after, resolve_runtime
 from nsq_sync.transport import parse_address
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,9 @@ class Consumer:
         for address in direct:
             parse_address(address)
         lookupds = [parse_http_address(a)[0] for a in lookupds]
+        # Decided here: the consumer's locks and queues exist from now on (see nsq_sync.runtime).
         self.runtime: Runtime = resolve_runtime(runtime)
+        self._auto_runtime = runtime is None or runtime == "auto"
         self.handler = handler
         self.log = logging.LoggerAdapter(
             logging.getLogger(f"nsq_sync.consumer.{self.topic}.{self.channel}"), {}
@@ -214,12 +216,22 @@ class Consumer:
         Raises:
             Stopped: the consumer was stopped (consumers are not restartable), or it was
                 started in another process before a fork (start a new one in each process).
+            ConfigError: with ``runtime="auto"``, gevent patched the process after the consumer
+                was created on threads.
         """
         self._check_process()
         if self._stopping:
             raise Stopped("consumer was stopped; create a new one")
         if self._started:
             return
+        if self._auto_runtime and patched_after(self.runtime):
+            # Its locks and queues are the OS threads' kind: a greenlet waiting on one would
+            # block the whole gevent hub (the process hangs).
+            raise ConfigError(
+                "this Consumer chose the threads runtime before gevent monkey-patched the "
+                "process, and cannot run in it: create the Consumer after monkey.patch_all(), "
+                "or pass runtime='gevent'"
+            )
         self._started = True
         self._started_in = _fork.stamp()
         if self._rdy.max_in_flight == 0:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -65,7 +66,7 @@ from nsq_sync.protocol import commands
 from nsq_sync.protocol.commands import Body
 from nsq_sync.protocol.constants import OK
 from nsq_sync.protocol.names import validate_topic
-from nsq_sync.runtime import Runtime, resolve_runtime
+from nsq_sync.runtime import AutoRuntime, Runtime, resolve_runtime
 from nsq_sync.transport import parse_address
 
 log = logging.getLogger(__name__)
@@ -92,12 +93,14 @@ class _Pool:
     """What one process of a producer owns: the slots, the preferred one and a token per
     publish in progress (list append/pop are atomic: no lock on the publish path)."""
 
-    __slots__ = ("slots", "current", "active")
+    __slots__ = ("slots", "current", "active", "watch_patch")
 
     def __init__(self, addresses: list[str], runtime: Runtime) -> None:
-        self.slots = [_Slot(a, runtime) for a in addresses]
+        self.slots = [_Slot(a, runtime) for a in addresses]  # decides an AutoRuntime
         self.current = 0
         self.active: list[None] = []
+        # "auto" chose threads in this process: warn if gevent patches it later
+        self.watch_patch = isinstance(runtime, AutoRuntime) and runtime.name == "threads"
 
 
 def _abandon(pool: _Pool) -> None:
@@ -146,12 +149,17 @@ class Producer:
             parse_address(address)
         if not isinstance(retry_unknown, bool):
             raise ConfigError(f"retry_unknown must be True or False, got {retry_unknown!r}")
-        self.runtime: Runtime = resolve_runtime(runtime)
+        # "auto" is decided at the first publish in each process, not here: a producer made in
+        # a gunicorn master (--preload) runs on gevent in workers that gevent patched later.
+        # Nothing runtime-made exists before (the pool is built lazily).
+        self.runtime: Runtime = resolve_runtime(runtime, lazy=True)
         self.addresses = addresses
         self.retry_unknown = retry_unknown
         self._closed = False
         self._rng = random.Random()
-        self._pool = _fork.PerProcess(lambda: _Pool(self.addresses, self.runtime), _abandon)
+        self._pool = _fork.PerProcess(
+            lambda: _Pool(self.addresses, self.runtime), _abandon, lazy=True
+        )
 
     @property
     def _slots(self) -> list[_Slot]:
@@ -265,6 +273,8 @@ class Producer:
         if self._closed:
             raise Stopped("producer is closed")
         pool = self._pool.get()
+        if pool.watch_patch and "gevent.monkey" in sys.modules:
+            self._watch_late_patch(pool)
         pool.active.append(None)
         try:
             self._publish_with_failover(
@@ -272,6 +282,11 @@ class Producer:
             )
         finally:
             pool.active.pop()
+
+    def _watch_late_patch(self, pool: _Pool) -> None:
+        runtime = self.runtime
+        if isinstance(runtime, AutoRuntime) and runtime.patched_late():  # warned (once)
+            pool.watch_patch = False
 
     def _publish_with_failover(self, pool: _Pool, data: bytes, timeout: float) -> None:
         deadline = time.monotonic() + timeout

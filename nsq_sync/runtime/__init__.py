@@ -1,18 +1,32 @@
 """Threads and gevent behind one small interface.
 
 Every blocking primitive nsq_sync uses (tasks, events, locks, queues, sockets, sleep) comes from
-a :class:`Runtime`. ``resolve_runtime("auto")`` picks gevent when gevent has monkey-patched
-``socket`` *at the time the consumer or producer is built* (never at import: users may patch
-after importing nsq_sync), and plain threads otherwise.
+a :class:`Runtime`. ``"auto"`` picks gevent when gevent has monkey-patched ``socket``, and plain
+threads otherwise -- never at import (users may patch after importing nsq_sync). A Producer
+decides in each process at its first publish there (:class:`AutoRuntime`): one made in a gunicorn
+master with ``--preload`` runs on gevent in ``-k gevent`` workers, which patch after the fork; if
+gevent patches a process after a producer started there on threads, it warns. A Consumer decides
+when it is built (its locks and queues exist from then on), and refuses to start in a process
+that gevent patched since.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Runtime", "Task", "resolve_runtime"]
+from nsq_sync import _fork
+
+__all__ = [
+    "AutoRuntime",
+    "Runtime",
+    "Task",
+    "patched_after",
+    "resolve_runtime",
+    "warn_if_patched_late",
+]
 
 
 class Task(Protocol):
@@ -26,7 +40,10 @@ class Task(Protocol):
 class Runtime(Protocol):
     """Factory of concurrency primitives; implementations are stateless and shareable."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """``"threads"`` or ``"gevent"``."""
+        ...
 
     def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Task: ...
 
@@ -56,12 +73,114 @@ def _gevent_patched() -> bool:
     return bool(monkey.is_module_patched("socket"))
 
 
-def resolve_runtime(runtime: str | Runtime | None = "auto") -> Runtime:
+def _detected() -> str:
+    return "gevent" if _gevent_patched() else "threads"
+
+
+def patched_after(runtime: Runtime) -> bool:
+    """True when ``runtime`` is threads but gevent has patched the process since it was chosen."""
+    return runtime.name == "threads" and _gevent_patched()
+
+
+def warn_if_patched_late(runtime: Runtime, what: str) -> None:
+    """Warn (RuntimeWarning) when ``runtime`` is threads but gevent has patched the process
+    since: the client then blocks the gevent hub instead of yielding to other greenlets."""
+    if patched_after(runtime):
+        warnings.warn(
+            f"{what} runs on the threads runtime, but gevent monkey-patched this process after "
+            "the runtime was chosen: its blocking calls will stall other greenlets. Patch "
+            f"before creating the {what}, or pass runtime='gevent'.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+class AutoRuntime:
+    """``runtime="auto"`` decided lazily: at the first use in each process (the first lock,
+    task or socket asked of it there), again after a fork. Reading :attr:`name` decides nothing.
+
+    Only for clients that create their primitives at first use and afresh after a fork (the
+    Producer). Connections get the concrete runtime (:meth:`resolve`), so their hot paths pay no
+    indirection.
+    """
+
+    def __init__(self) -> None:
+        self._impl: Runtime | None = None
+        self._generation = -1
+        self._warned = False
+
+    @property
+    def name(self) -> str:
+        """``"threads"`` or ``"gevent"``: the decision in this process, or (before it is made)
+        what it would be now."""
+        impl = self._impl
+        if impl is not None and self._generation == _fork.generation:
+            return impl.name
+        return _detected()
+
+    def resolve(self) -> Runtime:
+        """The concrete runtime of this process, deciding it now if not yet decided here.
+        Warns once per process if gevent patched the process after threads were chosen."""
+        impl = self._impl
+        if impl is None or self._generation != _fork.generation:
+            impl = resolve_runtime(_detected())
+            self._impl, self._generation, self._warned = impl, _fork.generation, False
+        elif not self._warned:
+            self.patched_late()
+        return impl
+
+    def patched_late(self) -> bool:
+        """True (with a RuntimeWarning, once per process) when threads were chosen here and
+        gevent has patched the process since."""
+        impl = self._impl
+        if impl is None or impl.name != "threads" or self._generation != _fork.generation:
+            return False
+        if not _gevent_patched():
+            return False
+        if not self._warned:
+            self._warned = True
+            warn_if_patched_late(impl, "nsq_sync client")
+        return True
+
+    def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Task:
+        return self.resolve().spawn(fn, *args, name=name)
+
+    def event(self) -> Any:
+        return self.resolve().event()
+
+    def signal(self) -> Any:
+        return self.resolve().signal()
+
+    def lock(self) -> Any:
+        return self.resolve().lock()
+
+    def rlock(self) -> Any:
+        return self.resolve().rlock()
+
+    def queue(self, maxsize: int = 0) -> Any:
+        return self.resolve().queue(maxsize)
+
+    def sleep(self, seconds: float) -> None:
+        self.resolve().sleep(seconds)
+
+    def create_connection(self, address: tuple[str, int], timeout: float) -> Any:
+        return self.resolve().create_connection(address, timeout)
+
+    def is_current(self, task: Task) -> bool:
+        return self.resolve().is_current(task)
+
+    def __repr__(self) -> str:
+        return f"<AutoRuntime {self.name}>"
+
+
+def resolve_runtime(runtime: str | Runtime | None = "auto", *, lazy: bool = False) -> Runtime:
     """Return the runtime to use.
 
     Args:
         runtime: ``"auto"`` (gevent if gevent patched ``socket``, else threads), ``"threads"``,
-            ``"gevent"``, or a Runtime instance.
+            ``"gevent"``, or a Runtime instance (an :class:`AutoRuntime` resolves to the
+            concrete runtime of this process unless ``lazy``).
+        lazy: return an :class:`AutoRuntime` for ``"auto"`` (decided at first use per process).
 
     Raises:
         ConfigError: an unknown name, or ``"gevent"`` without gevent installed.
@@ -69,7 +188,11 @@ def resolve_runtime(runtime: str | Runtime | None = "auto") -> Runtime:
     from nsq_sync.errors import ConfigError
 
     if runtime is None or runtime == "auto":
-        runtime = "gevent" if _gevent_patched() else "threads"
+        if lazy:
+            return AutoRuntime()
+        runtime = _detected()
+    if isinstance(runtime, AutoRuntime) and not lazy:
+        return runtime.resolve()
     if runtime == "threads":
         from nsq_sync.runtime.threads import ThreadsRuntime
 

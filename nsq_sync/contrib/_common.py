@@ -1,0 +1,228 @@
+"""What the Django and Flask integrations share: settings validation, the per-process Producer,
+and running a consumer to an exit status. Imports neither Django nor Flask.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import difflib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nsq_sync import _fork
+from nsq_sync._http_base import parse_http_address
+from nsq_sync.config import Config
+from nsq_sync.consumer import Consumer
+from nsq_sync.dispatch import Handler
+from nsq_sync.errors import ConfigError
+from nsq_sync.producer import Producer
+from nsq_sync.transport import parse_address
+
+__all__ = ["NsqSettings", "ProducerHolder", "Problem", "find_problems", "parse_settings"]
+
+log = logging.getLogger("nsq_sync.contrib")
+
+NSQD = "nsqd_tcp_addresses"
+LOOKUPD = "lookupd_http_addresses"
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(Config))
+_KNOWN = sorted(_OPTIONS | {NSQD, LOOKUPD})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the settings. ``kind``: "unknown" (no such key), "invalid" (a bad
+    value), "address" (a malformed address), "missing" (no address at all), "conflict"
+    (options that contradict each other)."""
+
+    key: str
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NsqSettings:
+    """Validated settings: where nsqd and nsqlookupd are, and a Config for everything else."""
+
+    nsqd_tcp_addresses: tuple[str, ...]
+    lookupd_http_addresses: tuple[str, ...]
+    config: Config
+
+
+def _addresses(value: Any) -> list[Any]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"expected 'host:port' or a list of them, got {value!r}")
+
+
+def _check_addresses(name: str, key: str, value: Any) -> Problem | None:
+    try:
+        for address in _addresses(value):
+            if key == NSQD:
+                parse_address(address)
+            else:
+                parse_http_address(address)
+    except ConfigError as exc:
+        return Problem(name, "address", f"{name}: {exc}")
+    return None
+
+
+def find_problems(
+    options: Mapping[str, Any], key_name: Callable[[str], str] = str
+) -> list[Problem]:
+    """Everything wrong with ``options`` (settings keys as the user wrote them), each naming the
+    key as :func:`key_name` spells it for the user (``NSQ_MAX_IN_FLIGHT`` in Flask)."""
+    problems: list[Problem] = []
+    config_options: dict[str, Any] = {}
+    for raw_key, value in options.items():
+        key = str(raw_key).replace("-", "_").lower()
+        name = key_name(str(raw_key))
+        if key in (NSQD, LOOKUPD):
+            problem = _check_addresses(name, key, value)
+            if problem is not None:
+                problems.append(problem)
+        elif key not in _OPTIONS:
+            close = difflib.get_close_matches(key, _KNOWN, n=1)
+            hint = f" (did you mean {key_name(close[0])}?)" if close else ""
+            problems.append(Problem(name, "unknown", f"unknown option {name}{hint}"))
+        else:
+            try:
+                Config.check_option(key, value)
+            except ConfigError as exc:
+                problems.append(Problem(name, "invalid", f"{name}: {exc}"))
+            else:
+                config_options[key] = value
+    if problems:
+        return problems
+    normalised = {str(k).replace("-", "_").lower() for k in options}
+    if not normalised & {NSQD, LOOKUPD}:
+        problems.append(
+            Problem(
+                key_name(NSQD),
+                "missing",
+                f"NSQ settings need {key_name(NSQD)} (to publish) and/or "
+                f"{key_name(LOOKUPD)} (to consume)",
+            )
+        )
+    try:
+        Config().replace(**config_options)
+    except ConfigError as exc:
+        problems.append(
+            Problem(", ".join(map(key_name, sorted(config_options))), "conflict", str(exc))
+        )
+    return problems
+
+
+def parse_settings(options: Mapping[str, Any], key_name: Callable[[str], str] = str) -> NsqSettings:
+    """Validate ``options`` and return them as :class:`NsqSettings`.
+
+    Raises:
+        ConfigError: the first problem :func:`find_problems` reports (naming the key).
+    """
+    problems = find_problems(options, key_name)
+    if problems:
+        raise ConfigError("; ".join(p.message for p in problems))
+    by_key = {str(k).replace("-", "_").lower(): v for k, v in options.items()}
+    nsqd = tuple(_addresses(by_key.pop(NSQD, [])))
+    lookupd = tuple(_addresses(by_key.pop(LOOKUPD, [])))
+    return NsqSettings(nsqd, lookupd, Config().replace(**by_key))
+
+
+class ProducerHolder:
+    """The process's one Producer, made on first use; a new one in a forked child (the
+    parent's copy is dropped without touching its sockets). Closed at interpreter exit.
+    Thread-safe."""
+
+    def __init__(self, settings: Callable[[], NsqSettings], what: str) -> None:
+        self._settings = settings
+        self._what = what
+        # the parent's Producer, in a forked child: closed there (outside the fork lock), which
+        # drops only the child's copies of its descriptors (see Producer's fork safety)
+        self._inherited: list[Producer] = []
+        self._producer = _fork.PerProcess(self._make, self._inherited.append, lazy=True)
+        self._exit_registered = False
+
+    def _make(self) -> Producer:
+        settings = self._settings()
+        if not settings.nsqd_tcp_addresses:
+            raise ConfigError(f"publishing needs {self._what} (nsqd TCP addresses)")
+        if not self._exit_registered:
+            self._exit_registered = True
+            atexit.register(self.close)
+        return Producer(list(settings.nsqd_tcp_addresses), settings.config)
+
+    def get(self) -> Producer:
+        """Raises:
+        ConfigError: the settings have no nsqd TCP address (or are invalid)."""
+        producer = self._producer.get()
+        while self._inherited:
+            try:
+                inherited = self._inherited.pop()
+            except IndexError:  # another thread took it
+                break
+            inherited.close(timeout=0)
+        if producer.closed:  # close() was called: the next use makes a new one
+            self._producer = _fork.PerProcess(self._make, self._inherited.append, lazy=True)
+            producer = self._producer.get()
+        return producer
+
+    def close(self) -> None:
+        """Close this process's Producer (a later :meth:`get` makes a new one). Thread-safe."""
+        producer = self._producer.peek()
+        if producer is not None:
+            producer.close()
+
+
+def make_consumer(
+    topic: str,
+    channel: str,
+    handler: Handler,
+    settings: NsqSettings,
+    *,
+    concurrency: int = 1,
+    max_in_flight: int | None = None,
+) -> Consumer:
+    """A Consumer on the settings' addresses. ``max_in_flight`` defaults to the settings' value,
+    raised to ``concurrency`` so that every worker can have a message.
+
+    Raises:
+        InvalidName, ConfigError: a bad name, no address, or a bad option.
+    """
+    if max_in_flight is None:
+        max_in_flight = max(settings.config.max_in_flight, concurrency)
+    return Consumer(
+        topic,
+        channel,
+        handler,
+        nsqd_tcp_addresses=list(settings.nsqd_tcp_addresses),
+        lookupd_http_addresses=list(settings.lookupd_http_addresses),
+        config=settings.config,
+        concurrency=concurrency,
+        max_in_flight=max_in_flight,
+    )
+
+
+def run_to_exit_status(
+    consumer: Consumer, idle_timeout: float | None, max_messages: int | None
+) -> int:
+    """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; return the
+    exit status: 0 when nothing failed (a graceful stop by signal is success), 1 when handlers
+    failed or gave up."""
+    summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)
+    log.info(
+        "consumer stopped (%s): %d handled, %d failed, %d gave up",
+        summary.reason,
+        summary.handled,
+        summary.failed,
+        summary.gave_up,
+    )
+    return 0 if summary.ok else 1
+
+
+def setting_name(key: str) -> str:
+    """How Django users write a key of the ``NSQ`` setting: ``NSQ['max_in_flight']``."""
+    return f"NSQ[{key!r}]"

@@ -1,0 +1,111 @@
+"""``manage.py nsq_consume TOPIC CHANNEL --handler dotted.path``: run a Consumer until SIGTERM
+(or --idle-timeout / --max-messages, for cron).
+
+Exit status: 0 after SIGTERM/SIGINT (a graceful stop) or a run that ended with nothing failed;
+1 when handlers failed or gave up; 2 for bad usage (a bad name, handler or option).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
+from django.utils.module_loading import import_string
+
+from nsq_sync.contrib._common import make_consumer, run_to_exit_status
+from nsq_sync.contrib.django import get_settings
+from nsq_sync.errors import NSQError
+from nsq_sync.message import Message
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def load_handler(path: str) -> Callable[[Message], Any]:
+    """Import ``package.module.function`` (or ``package.module:function``).
+
+    Raises:
+        CommandError: (exit status 2) it cannot be imported or is not callable.
+    """
+    try:
+        handler = import_string(path.replace(":", "."))
+    except ImportError as exc:
+        raise CommandError(f"--handler {path}: {exc}", returncode=2) from exc
+    if not callable(handler):
+        raise CommandError(f"--handler {path} is not callable", returncode=2)
+    return handler  # type: ignore[no-any-return]
+
+
+def with_fresh_connections(handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
+    """Run ``handler`` between two ``close_old_connections()``, as Django's request cycle does,
+    so a long-running worker never uses a database connection that died or outlived
+    CONN_MAX_AGE."""
+
+    def handle(message: Message) -> Any:
+        close_old_connections()
+        try:
+            return handler(message)
+        finally:
+            close_old_connections()
+
+    return handle
+
+
+class Command(BaseCommand):
+    help = "Consume TOPIC/CHANNEL from NSQ with a handler, until SIGTERM (exit 0)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("topic")
+        parser.add_argument("channel")
+        parser.add_argument(
+            "--handler",
+            required=True,
+            help="dotted path of a function called with each message (returns: FIN; raises: REQ)",
+        )
+        parser.add_argument("--concurrency", type=_positive(int), default=1)
+        parser.add_argument(
+            "--max-in-flight",
+            type=_positive(int),
+            default=None,
+            help="default: NSQ['max_in_flight'], at least --concurrency",
+        )
+        parser.add_argument(
+            "--idle-timeout",
+            type=_positive(float),
+            default=None,
+            help="stop after this many seconds without a message",
+        )
+        parser.add_argument(
+            "--max-messages", type=_positive(int), default=None, help="stop after N messages"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        handler = with_fresh_connections(load_handler(options["handler"]))
+        settings = get_settings()
+        try:
+            consumer = make_consumer(
+                options["topic"],
+                options["channel"],
+                handler,
+                settings,
+                concurrency=options["concurrency"],
+                max_in_flight=options["max_in_flight"],
+            )
+        except (NSQError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        status = run_to_exit_status(consumer, options["idle_timeout"], options["max_messages"])
+        if status:
+            raise CommandError("some messages failed (see the log)", returncode=status)

@@ -1,0 +1,188 @@
+"""Flask integration (``pip install nsq_sync[flask]``)::
+
+    from nsq_sync.contrib.flask import NSQ
+
+    app.config["NSQ_NSQD_TCP_ADDRESSES"] = ["127.0.0.1:4150"]        # to publish
+    app.config["NSQ_LOOKUPD_HTTP_ADDRESSES"] = ["http://127.0.0.1:4161"]  # and/or to consume
+    app.config["NSQ_MAX_IN_FLIGHT"] = 50                             # NSQ_<OPTION>: any Config option
+    nsq = NSQ(app)            # or nsq = NSQ(); nsq.init_app(app) in an app factory
+
+    nsq.publish("orders", b"...")   # through nsq.producer: one per process, fork-safe
+
+    $ flask nsq consume orders billing --handler myapp.handlers:handle
+
+Every ``NSQ_*`` key must name an option: a typo raises at :meth:`NSQ.init_app`, naming the key.
+Handlers run inside an application context. The producer is closed at interpreter exit (or by
+:meth:`NSQ.close`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import click
+    from flask import Flask, current_app
+    from flask.cli import AppGroup
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("nsq_sync.contrib.flask needs Flask: pip install 'nsq_sync[flask]'") from exc
+
+from nsq_sync.contrib._common import (
+    NsqSettings,
+    ProducerHolder,
+    make_consumer,
+    parse_settings,
+    run_to_exit_status,
+)
+from nsq_sync.errors import NSQError
+from nsq_sync.message import Message
+from nsq_sync.producer import Producer
+
+__all__ = ["NSQ"]
+
+_PREFIX = "NSQ_"
+
+
+def _config_key(key: str) -> str:
+    return _PREFIX + key.upper()
+
+
+@dataclass
+class _State:
+    settings: NsqSettings
+    holder: ProducerHolder
+
+
+class NSQ:
+    """The Flask extension: settings from ``app.config``, a per-process Producer, and the
+    ``flask nsq consume`` command. Thread-safe once initialised.
+
+    Args:
+        app: the application (or call :meth:`init_app` later).
+    """
+
+    def __init__(self, app: Flask | None = None) -> None:
+        self.app = app
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Read and validate the ``NSQ_*`` keys of ``app.config``; add ``flask nsq``.
+
+        Raises:
+            ConfigError: an unknown ``NSQ_*`` key, an invalid value or address, or no address
+                (the message names the key).
+        """
+        options = {k[len(_PREFIX) :]: v for k, v in app.config.items() if k.startswith(_PREFIX)}
+        settings = parse_settings(options, _config_key)
+        app.extensions["nsq"] = _State(
+            settings, ProducerHolder(lambda: settings, "NSQ_NSQD_TCP_ADDRESSES")
+        )
+        app.cli.add_command(nsq_cli)
+
+    def _state(self) -> _State:
+        app = self.app if self.app is not None else current_app
+        try:
+            state: _State = app.extensions["nsq"]
+        except KeyError:
+            raise RuntimeError("NSQ.init_app(app) was not called for this app") from None
+        return state
+
+    @property
+    def producer(self) -> Producer:
+        """This process's Producer for the app (the same object on every call; a new one in a
+        forked child such as a gunicorn worker). Thread-safe.
+
+        Raises:
+            ConfigError: no ``NSQ_NSQD_TCP_ADDRESSES``.
+            RuntimeError: no app bound and no application context.
+        """
+        return self._state().holder.get()
+
+    def publish(self, topic: str, body: Any) -> None:
+        """``self.producer.publish(topic, body)``: waits for nsqd's OK. Thread-safe.
+
+        Raises:
+            InvalidName, InvalidBody, PublishError, ServerError: as :meth:`Producer.publish`.
+        """
+        self.producer.publish(topic, body)
+
+    def close(self) -> None:
+        """Close this process's producer (a later publish makes a new one). Thread-safe."""
+        self._state().holder.close()
+
+
+def load_handler(path: str) -> Callable[[Message], Any]:
+    """Import ``module:function`` (or ``module.function``).
+
+    Raises:
+        click.BadParameter: (exit status 2) it cannot be imported or is not callable.
+    """
+    from werkzeug.utils import ImportStringError, import_string
+
+    try:
+        handler = import_string(path)
+    except ImportStringError as exc:
+        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--handler") from None
+    if not callable(handler):
+        raise click.BadParameter(f"{path} is not callable", param_hint="--handler")
+    return handler  # type: ignore[no-any-return]
+
+
+nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
+
+
+@nsq_cli.command("consume")
+@click.argument("topic")
+@click.argument("channel")
+@click.option("--handler", required=True, help="module:function called with each message.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default: NSQ_MAX_IN_FLIGHT, at least --concurrency.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this many seconds without a message.",
+)
+@click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N.")
+def consume(
+    topic: str,
+    channel: str,
+    handler: str,
+    concurrency: int,
+    max_in_flight: int | None,
+    idle_timeout: float | None,
+    max_messages: int | None,
+) -> None:
+    """Consume TOPIC/CHANNEL with a handler until SIGTERM (exit 0); exit 1 when handlers failed
+    in a run ended by --idle-timeout or --max-messages."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    function = load_handler(handler)
+
+    def in_app_context(message: Message) -> Any:
+        with app.app_context():
+            return function(message)
+
+    state: _State | None = app.extensions.get("nsq")
+    if state is None:
+        raise click.UsageError("the app has no NSQ extension (NSQ(app) or nsq.init_app(app))")
+    try:
+        consumer = make_consumer(
+            topic,
+            channel,
+            in_app_context,
+            state.settings,
+            concurrency=concurrency,
+            max_in_flight=max_in_flight,
+        )
+    except (NSQError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    sys.exit(run_to_exit_status(consumer, idle_timeout, max_messages))

@@ -1,0 +1,189 @@
+"""nsq_sync.contrib.flask with Flask's test client and the example app, against a real nsqd:
+config keys, per-process producer, and ``flask nsq consume`` as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask, current_app
+from support.nsq import message_count
+from support.web import (
+    FLASK_EXAMPLE,
+    all_answered,
+    assert_left_clean,
+    channel_stats,
+    finish,
+    in_forked_child,
+    sigterm_when,
+    start_command,
+)
+
+from nsq_sync import Producer
+from nsq_sync.contrib.flask import NSQ
+from nsq_sync.errors import ConfigError
+from nsq_sync.testing.process import NsqdProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _app(**config: Any) -> Flask:
+    app = Flask("test_app")
+    app.config.update(config)
+    return app
+
+
+@pytest.fixture
+def app(nsqd: NsqdProcess, topic: str) -> Any:
+    app = _app(NSQ_NSQD_TCP_ADDRESSES=[nsqd.tcp_address], NSQ_MAX_IN_FLIGHT="20", TOPIC=topic)
+    nsq = NSQ(app)
+
+    @app.route("/publish")
+    def publish() -> str:
+        nsq.publish(current_app.config["TOPIC"], b"from a view")
+        return "ok"
+
+    app.extensions["test_nsq"] = nsq
+    yield app
+    nsq.close()
+
+
+def test_a_view_publishes(app: Flask, nsqd: NsqdProcess, topic: str) -> None:
+    client = app.test_client()
+    for _ in range(3):
+        assert client.get("/publish").status_code == 200
+    assert message_count(nsqd.http_address, topic) == 3
+    nsq: NSQ = app.extensions["test_nsq"]
+    assert nsq.producer.config.max_in_flight == 20  # NSQ_<OPTION> reached the Config
+
+
+def test_init_app_in_a_factory_binds_through_the_app_context(nsqd: NsqdProcess, topic: str) -> None:
+    nsq = NSQ()
+    app = _app(NSQ_NSQD_TCP_ADDRESSES=nsqd.tcp_address)
+    nsq.init_app(app)
+    with pytest.raises(RuntimeError):
+        nsq.publish(topic, b"no app context")
+    with app.app_context():
+        nsq.publish(topic, b"in an app context")
+        producer = nsq.producer
+        assert nsq.producer is producer
+        nsq.close()
+    assert producer.closed
+    assert message_count(nsqd.http_address, topic) == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"NSQ_NSQD_TCP_ADDRESSES": ["h:1"], "NSQ_MAX_IN_FLITE": 5}, "NSQ_MAX_IN_FLITE"),
+        ({"NSQ_NSQD_TCP_ADDRESSES": ["h:1"], "NSQ_MAX_IN_FLIGHT": "lots"}, "NSQ_MAX_IN_FLIGHT"),
+        ({"NSQ_NSQD_TCP_ADDRESSES": ["h"]}, "NSQ_NSQD_TCP_ADDRESSES"),
+        ({"NSQ_LOOKUPD_HTTP_ADDRESSES": "ftp://h:1"}, "NSQ_LOOKUPD_HTTP_ADDRESSES"),
+        ({"NSQ_MAX_IN_FLIGHT": 5}, "NSQ_NSQD_TCP_ADDRESSES"),
+    ],
+)
+def test_init_app_raises_naming_the_bad_key(config: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        NSQ(_app(**config))
+
+
+def test_unknown_key_suggests_the_option() -> None:
+    with pytest.raises(ConfigError, match="did you mean NSQ_MAX_IN_FLIGHT"):
+        NSQ(_app(NSQ_NSQD_TCP_ADDRESSES="h:1", NSQ_MAX_IN_FLITE=5))
+
+
+def test_producer_is_one_per_process(app: Flask, nsqd: NsqdProcess, topic: str) -> None:
+    nsq: NSQ = app.extensions["test_nsq"]
+    producer = nsq.producer
+    assert nsq.producer is producer
+    nsq.publish(topic, b"parent")
+
+    def child() -> dict[str, Any]:
+        new = nsq.producer
+        nsq.publish(topic, b"child")
+        return {"new": new is not producer, "same": nsq.producer is new}
+
+    assert in_forked_child(child) == {"new": True, "same": True}
+    assert nsq.producer is producer
+    nsq.publish(topic, b"parent again")
+    assert message_count(nsqd.http_address, topic) == 3
+
+
+# -------------------------------------------------------------------------- flask nsq consume
+
+
+def _example_env(nsqd: NsqdProcess, archive: Path, topic: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(NSQD_TCP_ADDRESSES=nsqd.tcp_address, ARCHIVE_FILE=str(archive), EVENTS_TOPIC=topic)
+    return env
+
+
+def _flask_consume(env: dict[str, str], topic: str, *options: str) -> subprocess.Popen[str]:
+    args = ["-m", "flask", "--app", "app", "nsq", "consume", topic, "archive", *options]
+    return start_command(args, FLASK_EXAMPLE, env)
+
+
+def _channel(nsqd: NsqdProcess, topic: str) -> dict[str, Any]:
+    return channel_stats(nsqd.http_address, topic, "archive")
+
+
+def _archived(path: Path) -> list[bytes]:
+    return sorted(path.read_bytes().splitlines()) if path.exists() else []
+
+
+def test_flask_consume_runs_handlers_in_an_app_context_and_exits_0_on_sigterm(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    archive = tmp_path / "archive.log"
+    bodies = [b"event %d" % i for i in range(5)]
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(topic, bodies)
+    proc = _flask_consume(
+        _example_env(nsqd, archive, topic), topic, "--handler", "app:archive", "--concurrency", "2"
+    )
+
+    def done() -> bool:
+        return _archived(archive) == bodies and all_answered(_channel(nsqd, topic))
+
+    # the handler finds ARCHIVE_FILE through current_app: it ran in an app context
+    code, err = sigterm_when(proc, done, "5 archived bodies, 5 FINs at nsqd")
+    assert code == 0, err
+    assert_left_clean(_channel(nsqd, topic))
+
+
+def test_flask_consume_bad_handler_exits_2(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
+    env = _example_env(nsqd, tmp_path / "a.log", topic)
+    code, err = finish(_flask_consume(env, topic, "--handler", "app:nope"))
+    assert code == 2
+    assert "--handler" in err
+
+
+def test_flask_consume_max_messages_exits_0(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
+    archive = tmp_path / "archive.log"
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(topic, [b"a", b"b", b"c"])
+    env = _example_env(nsqd, archive, topic)
+    code, err = finish(
+        _flask_consume(env, topic, "--handler", "app:archive", "--max-messages", "2")
+    )
+    assert code == 0, err
+    assert len(_archived(archive)) == 2
+
+
+def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    archive = tmp_path / "archive.log"
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(topic, [b"ok", b"fail"])
+    env = _example_env(nsqd, archive, topic)
+    code, err = finish(
+        _flask_consume(
+            env, topic, "--handler", "app:archive", "--idle-timeout", "1", "--max-messages", "2"
+        )
+    )
+    assert code == 1, err
+    assert _archived(archive) == [b"ok"]

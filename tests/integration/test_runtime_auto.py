@@ -1,0 +1,137 @@
+"""runtime="auto" is decided in each process when a Producer first publishes there, not when it
+is built: what makes a producer created in a gunicorn master (--preload) run on gevent in
+``-k gevent`` workers, which gevent patches after the fork. Each case runs in a fresh
+interpreter, since patching is for the whole process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from nsq_sync.testing.process import NsqdProcess
+
+pytestmark = pytest.mark.integration
+
+_PRELUDE = """
+import json, os, sys, warnings
+from nsq_sync import Consumer, Producer
+address, topic = sys.argv[1], sys.argv[2]
+caught = []
+def record(message, category, *args, **kwargs):
+    if category is RuntimeWarning:  # not gevent's MonkeyPatchWarning about ssl
+        caught.append(f"{category.__name__}: {message}")
+warnings.showwarning = record
+warnings.simplefilter("always", RuntimeWarning)
+"""
+
+
+def _run(script: str, nsqd: NsqdProcess, topic: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(script), nsqd.tcp_address, topic],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_producer_built_before_patching_runs_on_gevent(nsqd: NsqdProcess, topic: str) -> None:
+    """Regression: the runtime used to be chosen in Producer() (threads, before the patch)."""
+    report = _run(
+        """
+        producer = Producer(address)
+        before = producer.runtime.name
+        from gevent import monkey
+        monkey.patch_all()
+        producer.publish(topic, b"x")
+        conn = producer._slots[0].conn
+        print(json.dumps({"before": before, "after": producer.runtime.name,
+                          "connection": conn.runtime.name, "warnings": caught}))
+        """,
+        nsqd,
+        topic,
+    )
+    assert report == {
+        "before": "threads",
+        "after": "gevent",
+        "connection": "gevent",
+        "warnings": [],
+    }
+
+
+def test_forked_child_patched_by_gevent_decides_again(nsqd: NsqdProcess, topic: str) -> None:
+    """A gunicorn master publishes on threads; its -k gevent worker forks, patches, publishes."""
+    report = _run(
+        """
+        producer = Producer(address)
+        producer.publish(topic, b"master")
+        master = producer.runtime.name
+        read_end, write_end = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+            pid = os.fork()
+        if pid == 0:
+            from gevent import monkey
+            monkey.patch_all()
+            producer.publish(topic, b"worker")
+            os.write(write_end, json.dumps([producer.runtime.name, caught]).encode())
+            os._exit(0)
+        os.close(write_end)
+        child, child_warnings = json.loads(os.read(read_end, 10000))
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"master": master, "worker": child, "status": status,
+                          "warnings": caught + child_warnings}))
+        """,
+        nsqd,
+        topic,
+    )
+    assert report == {"master": "threads", "worker": "gevent", "status": 0, "warnings": []}
+
+
+def test_patching_after_a_producer_started_on_threads_warns(nsqd: NsqdProcess, topic: str) -> None:
+    report = _run(
+        """
+        producer = Producer(address)
+        producer.publish(topic, b"on threads")
+        from gevent import monkey
+        monkey.patch_all()
+        producer.publish(topic, b"after the patch")
+        producer.publish(topic, b"once more")
+        print(json.dumps({"runtime": producer.runtime.name, "warnings": caught}))
+        """,
+        nsqd,
+        topic,
+    )
+    assert report["runtime"] == "threads"
+    [warning] = report["warnings"]  # once, not per publish
+    assert warning.startswith("RuntimeWarning: ")
+    assert "gevent monkey-patched this process after" in warning
+
+
+def test_consumer_started_after_patching_refuses_clearly(nsqd: NsqdProcess, topic: str) -> None:
+    """Its locks and queues predate the patch: starting would hang the gevent hub. It says so."""
+    report = _run(
+        """
+        from nsq_sync.errors import ConfigError
+        consumer = Consumer(topic, "c", lambda m: None, nsqd_tcp_addresses=[address])
+        from gevent import monkey
+        monkey.patch_all()
+        try:
+            consumer.start()
+            error = None
+        except ConfigError as exc:
+            error = str(exc)
+        print(json.dumps({"runtime": consumer.runtime.name, "error": error}))
+        """,
+        nsqd,
+        topic,
+    )
+    assert report["runtime"] == "threads"
+    assert "before gevent monkey-patched" in report["error"]

@@ -1,40 +1,60 @@
-"""Fork detection without a system call per check, and per-process state that is reset once.
+"""Fork safety: per-process state reset once, and nothing the library owns used across a fork.
 
-Objects holding sockets (Producer connections, HTTP sessions) must not reuse them in a forked
-child. ``generation`` counts the forks in this process's lineage: ``os.register_at_fork`` bumps
-it in every child, so comparing it with a copy taken earlier is an integer compare instead of a
+``generation`` counts the forks in this process's lineage: ``os.register_at_fork`` bumps it in
+every child, so comparing it with a copy taken earlier is an integer compare instead of a
 ``getpid()`` system call on every publish. :func:`install` registers the hook once; the objects
 that need it call it when constructed (nothing happens at import). Where ``os.fork`` does not
 exist (Windows) there is no hook, and no fork either.
 
-:class:`PerProcess` holds what must not cross a fork (a producer's connections, an HTTP
-session). Why its reset runs exactly once per process and never touches what the child opened,
-however many threads of the child notice the fork at once:
+**No connection is shared between processes, by construction.** Every object that owns a socket
+or a task registers itself with :func:`track` (weakly: tracking never keeps anything alive). The
+fork hook runs in the child before ``os.fork()`` returns, before anything else of the child runs,
+and calls each tracked object's abandon function, which takes no lock (a lock may be held by a
+thread that does not exist in the child) and never touches what the parent owns:
 
-* The hook runs in the child before ``os.fork()`` returns, while the forking thread is the only
-  thread there: it bumps ``generation`` and makes a *new* ``_lock``. The lock a parent's thread
-  may have held at the moment of the fork is never used again, so a child cannot deadlock on it.
+* an nsqd connection closes the *child's copies* of its descriptors (``close(2)``; never
+  ``shutdown(2)``, which would cut the parent's connection) and marks itself closed;
+* an HTTP connection of our clients does the same for its socket;
+* a gevent task (a greenlet) is killed: under gevent, fork copies every greenlet into the child,
+  and a copied greenlet that was waiting on a socket would otherwise wake up in the child and
+  read the parent's answers. With its socket closed it can only fail (gevent throws into a
+  greenlet waiting on a socket that is closed; a later read finds the socket closed), and the
+  kill ends it. Threads do not survive a fork at all.
+* a started Consumer marks its copy stopped, so nothing it still holds reconnects in the child.
+
+Whatever a copied task does in the child therefore fails on a closed socket instead of sharing
+the parent's (a copied publish raises an NSQError to its copied caller), and the parent's
+objects are not touched at all.
+
+:class:`PerProcess` holds what must be rebuilt in a child (a producer's connection pool, an
+HTTP session). Why its reset runs exactly once per process and never touches what the child
+opened, however many threads of the child notice the fork at once:
+
+* The hook makes a *new* ``_lock`` in the child. The lock a parent's thread may have held at the
+  moment of the fork is never used again, so a child cannot deadlock on it.
 * :meth:`PerProcess.get` compares the value's generation with ``generation``; on a mismatch it
   takes ``_lock`` and checks again, so of all the threads that noticed the fork, the first builds
   the child's value and the others find it already built (double-checked locking).
 * Everything the child opens lives in the value built *in the child* (stamped with the child's
-  generation); the reset only ever discards the value stamped with an older generation, which
-  was built before the fork. A second reset in the same process cannot happen (the stamps
-  match), so nothing opened in the child is ever discarded by one.
+  generation); a value is only replaced when its stamp is older, i.e. when it was built before
+  the fork, so nothing opened in the child is ever dropped.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 #: forks since this interpreter started, as seen by this process
 generation = 0
 _installed = False
 # Serialises resets within one process; replaced in every child (see the module docstring).
 _lock = threading.Lock()
+# tracked object -> its abandon function (made on first use; weak keys)
+_tracked: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] | None = None
 
 T = TypeVar("T")
 
@@ -43,15 +63,53 @@ def _after_fork_in_child() -> None:
     global generation, _lock
     _lock = threading.Lock()
     generation += 1
+    if _tracked is None:
+        return
+    for obj, abandon in list(_tracked.items()):
+        try:
+            abandon(obj)
+        except Exception:  # pragma: no cover - best effort; never break the user's fork
+            pass
 
 
 def install() -> None:
     """Register the fork hook (once). Thread-safe enough: a race registers it twice, and a child
-    then sees two bumps instead of one, which still differs from its copy."""
+    then sees two bumps instead of one (and abandons twice: both are idempotent)."""
     global _installed
     if not _installed and hasattr(os, "register_at_fork"):
         _installed = True
         os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def track(obj: Any, abandon: Callable[[Any], None]) -> None:
+    """Call ``abandon(obj)`` in every forked child while ``obj`` lives (it is held weakly).
+
+    ``abandon`` runs in the fork hook: it must take no lock, do no I/O on the parent's
+    resources (close descriptors only) and be idempotent. A plain function, not a bound method
+    (that would keep ``obj`` alive). Thread-safe.
+    """
+    global _tracked
+    install()
+    if _tracked is None:
+        _tracked = weakref.WeakKeyDictionary()
+    _tracked[obj] = abandon
+
+
+def close_socket(sock: Any) -> None:
+    """Close a socket object's descriptor (this process's copy): no ``shutdown(2)``, which
+    would cut the connection for the parent too. Closes even while a file made by
+    ``makefile()`` is open (an HTTP response being read); later reads raise OSError."""
+    if sock is None:
+        return
+    try:
+        real_close = getattr(sock, "_real_close", None)  # stdlib and gevent sockets
+        if real_close is not None:
+            sock._closed = True
+            real_close()
+        else:  # pragma: no cover - other socket types
+            sock.close()
+    except OSError:
+        pass
 
 
 def started_elsewhere(stamp: tuple[int, int] | None) -> str | None:
@@ -76,25 +134,20 @@ def stamp() -> tuple[int, int]:
 
 class PerProcess(Generic[T]):
     """A value built once in each process that uses it: ``factory()`` on first use after a
-    fork, and ``discard(old)`` for the value inherited from the parent. Thread-safe.
+    fork (what the parent's value held was already abandoned by the fork hook). Thread-safe.
 
     Args:
         factory: builds the value for the current process (called under the reset lock; keep it
             free of I/O).
-        discard: drops the parent's value in the child (close descriptors only: never shut
-            down a socket the parent still uses).
         lazy: build the first value at the first :meth:`get`, not now (a Producer: its runtime
             is decided when it first publishes).
     """
 
-    __slots__ = ("_factory", "_discard", "_value", "_generation")
+    __slots__ = ("_factory", "_value", "_generation")
 
-    def __init__(
-        self, factory: Callable[[], T], discard: Callable[[T], None], *, lazy: bool = False
-    ) -> None:
+    def __init__(self, factory: Callable[[], T], *, lazy: bool = False) -> None:
         install()
         self._factory = factory
-        self._discard = discard
         self._value: T | None = None
         self._generation = -1  # no process: built by the first get() (lazy)
         if not lazy:
@@ -107,15 +160,12 @@ class PerProcess(Generic[T]):
         if self._generation != generation:
             with _lock:
                 if self._generation != generation:
-                    old = self._value
                     # value first, then the stamp: a thread that sees the new stamp sees the value
                     self._value = self._factory()
                     self._generation = generation
-                    if old is not None:
-                        self._discard(old)
         return self._value  # type: ignore[return-value]  # built above
 
     def peek(self) -> T | None:
-        """The value if it belongs to this process, else None (nothing is built or dropped)."""
+        """The value if it belongs to this process, else None (nothing is built)."""
         # stamp first: the value is stored before its stamp (see get)
         return self._value if self._generation == generation else None

@@ -21,7 +21,8 @@ Both servers speak the same small HTTP dialect, so one base class owns what they
 - Fork safety. A Session's pooled sockets inherited through ``fork()`` (gunicorn, celery, Spark
   workers) must not be used by parent and child at once, so a client that owns its Session starts
   a fresh one when it finds itself in a new process (redis-py's ``_checkpid``), exactly once per
-  process however many threads notice it (``nsq_sync._fork.PerProcess``).
+  process however many threads notice it (``nsq_sync._fork.PerProcess``), and the fork hook
+  closes the child's copies of every socket the client's sessions opened (``nsq_sync._fork``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlencode
 
 import requests
+import requests.adapters
+import urllib3
 
 from nsq_sync import _fork
 from nsq_sync._version import __version__
@@ -206,8 +209,48 @@ def _error_text(body: str) -> str:
     return body.strip()[:200]
 
 
-def _drop(session: requests.Session) -> None:
-    """In a forked child: forget the parent's session (its sockets stay the parent's)."""
+def _close_in_child(conn: Any) -> None:
+    """The fork hook, in a child: close this process's copy of the connection's socket (never
+    shut it down: the parent may still use it), so a request of the parent copied into the
+    child (gevent copies every greenlet) cannot read the parent's response."""
+    _fork.close_socket(getattr(conn, "sock", None))
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    def _new_conn(self) -> Any:
+        conn = super()._new_conn()
+        _fork.track(conn, _close_in_child)
+        return conn
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    def _new_conn(self) -> Any:
+        conn = super()._new_conn()
+        _fork.track(conn, _close_in_child)
+        return conn
+
+
+_POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
+class _ForkSafeAdapter(requests.adapters.HTTPAdapter):
+    """An HTTPAdapter whose connections are closed in a forked child (see nsq_sync._fork)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = _POOLS
+        return manager
+
+
+def _new_session() -> requests.Session:
+    session = requests.Session()
+    for prefix in ("http://", "https://"):
+        session.mount(prefix, _ForkSafeAdapter())
+    return session
 
 
 class HTTPClientBase:
@@ -234,10 +277,11 @@ class HTTPClientBase:
             raise ConfigError(f"session: expected a requests.Session, got {session!r}")
         self._owns_session = session is None
         # A session of our own is per process (see nsq_sync._fork): a forked child builds its
-        # own on first use, once, and drops the inherited one without closing it (closing could
-        # disturb the parent's pooled sockets and TLS sessions). A caller's session is theirs.
+        # own on first use, once; the fork hook already closed the child's copies of the
+        # inherited session's sockets (close(2) only: the parent keeps using them). A caller's
+        # session is theirs.
         self._sessions: _fork.PerProcess[requests.Session] | None = (
-            _fork.PerProcess(requests.Session, _drop) if session is None else None
+            _fork.PerProcess(_new_session) if session is None else None
         )
         self._session = session
         self._closed = False

@@ -18,6 +18,7 @@ import socket
 import time
 from typing import Any, Protocol
 
+from nsq_sync import _fork
 from nsq_sync._tls import build_ssl_context
 from nsq_sync.config import Config
 from nsq_sync.errors import (
@@ -197,6 +198,8 @@ class NsqdConnection:
             read_timeout=cfg.read_timeout,
             write_timeout=cfg.write_timeout,
         )
+        # In a forked child the fork hook closes the child's copy of the socket (nsq_sync._fork)
+        _fork.track(self, NsqdConnection.abandon)
         try:
             self._handshake()
         except BaseException:
@@ -617,7 +620,9 @@ class NsqdConnection:
         self._close_transport()
 
     def abandon(self) -> None:
-        """Drop the connection in a forked child without touching the parent's socket."""
+        """Drop the connection in a forked child without touching the parent's socket: close
+        only this process's descriptors. A task of the parent copied into the child (gevent)
+        that waits on this connection then fails, and its reader ends quietly. Takes no lock."""
         self._closing = True
         self.closed = True
         if self._transport is not None:

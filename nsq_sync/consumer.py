@@ -239,6 +239,7 @@ class Consumer:
                 "max_in_flight is 0: the consumer is paused and receives nothing until "
                 "set_max_in_flight() raises it"
             )
+        _fork.track(self, Consumer._abandon_in_child)
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
         self._flusher.start(name, self._pool)
@@ -284,6 +285,12 @@ class Consumer:
         message = _fork.started_elsewhere(self._started_in)
         if message is not None:
             raise Stopped(message)
+
+    def _abandon_in_child(self) -> None:
+        # The fork hook, in a forked child (nsq_sync._fork; takes no lock): this copy is dead.
+        # Its connections and tasks are abandoned by their own hooks; nothing may reconnect.
+        self._stopping = True
+        self._discovery._stopped = True
 
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         """Install the run's gate on handler calls (see WorkerPool.admit)."""

@@ -28,11 +28,13 @@ always sent elsewhere.
 
 Fork safety: everything that must not cross a fork (the connections, their locks, the count of
 publishes in progress) lives in a per-process pool held by :class:`nsq_sync._fork.PerProcess`.
-In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the first publish
-builds the child's pool and drops the inherited one, closing only the child's copies of the
-parent's descriptors (never shutting the parent's sockets down) -- exactly once per process,
+In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the fork hook has
+already closed the child's copies of the parent's descriptors (never shutting the parent's
+sockets down), and the first publish builds the child's pool -- exactly once per process,
 however many threads of the child publish at once, and never touching a connection opened in
-the child (see that module for why this holds by construction).
+the child (see that module for why this holds by construction). A publish of the parent copied
+into the child (gevent copies every greenlet) fails there with a PublishError or
+PublishOutcomeUnknown and goes on in the parent.
 """
 
 from __future__ import annotations
@@ -103,13 +105,6 @@ class _Pool:
         self.watch_patch = isinstance(runtime, AutoRuntime) and runtime.name == "threads"
 
 
-def _abandon(pool: _Pool) -> None:
-    """In a forked child: drop the parent's connections, closing only our descriptors."""
-    for slot in pool.slots:
-        if slot.conn is not None:
-            slot.conn.abandon()
-
-
 class _Backoff(Exception):
     """Internal: the slot is backing off (another thread's attempt just failed)."""
 
@@ -157,9 +152,7 @@ class Producer:
         self.retry_unknown = retry_unknown
         self._closed = False
         self._rng = random.Random()
-        self._pool = _fork.PerProcess(
-            lambda: _Pool(self.addresses, self.runtime), _abandon, lazy=True
-        )
+        self._pool = _fork.PerProcess(lambda: _Pool(self.addresses, self.runtime), lazy=True)
 
     @property
     def _slots(self) -> list[_Slot]:
@@ -306,6 +299,14 @@ class Producer:
                 slot = slots[index]
                 if self._closed or time.monotonic() >= deadline:
                     break
+                if self._pool.peek() is not pool:
+                    # A publish of the parent copied into a forked child (gevent copies every
+                    # greenlet): it goes on in the parent; here it must not connect again.
+                    raise (PublishOutcomeUnknown if maybe_sent else PublishError)(
+                        "the process forked during this publish; it continues in the parent "
+                        "process only",
+                        last_error,
+                    )
                 if slot.conn is None and slot.retry_at > time.monotonic():
                     continue  # backing off
                 conn: NsqdConnection | None = None

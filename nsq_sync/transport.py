@@ -19,6 +19,7 @@ import struct
 import sys
 from typing import Any
 
+from nsq_sync import _fork
 from nsq_sync.errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -80,12 +81,18 @@ class Transport:
         self._writing = False
         self.closed = False
         host, port = parse_address(address)
+        generation = _fork.generation
         try:
             sock = runtime.create_connection((host, port), dial_timeout)
         except socket.timeout as exc:
             raise ConnectTimeout(f"connect timed out after {dial_timeout} s", address) from exc
         except OSError as exc:
             raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
+        if generation != _fork.generation:
+            # Under gevent a dial in progress at a fork resumes in the child too, on the same
+            # socket: it belongs to the parent (see nsq_sync._fork).
+            _fork.close_socket(sock)
+            raise NSQConnectionError("the process forked while connecting", address)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rsock: Any = sock
         self._wsock: Any = sock.dup()
@@ -354,13 +361,10 @@ class Transport:
 
     def abandon(self) -> None:
         """Forget the socket in a forked child: close our descriptors without shutting the
-        connection down (the parent still uses it)."""
+        connection down (the parent still uses it). Takes no lock; idempotent."""
         self.closed = True
         for sock in (self._wsock, self._rsock):
-            try:
-                sock.close()  # close(2) only; shutdown(2) would cut the parent too
-            except OSError:
-                pass
+            _fork.close_socket(sock)  # close(2) only; shutdown(2) would cut the parent too
 
     def close(self) -> None:
         """Close both socket handles; a reader blocked in :meth:`recv` wakes up. Idempotent."""

@@ -12,6 +12,15 @@ import gevent.queue
 import gevent.socket
 import gevent.threading
 
+from nsq_sync import _fork
+
+
+def _kill(greenlet: Any) -> None:
+    """In a forked child (the fork hook): end a copied greenlet. ``kill(block=False)`` only
+    schedules the GreenletExit on the hub (no lock, no switch now)."""
+    if not greenlet.dead:
+        greenlet.kill(block=False)
+
 
 class GeventRuntime:
     """Greenlets instead of threads; works with or without monkey patching."""
@@ -21,6 +30,8 @@ class GeventRuntime:
     def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Any:
         greenlet = gevent.spawn(fn, *args)
         greenlet.name = name
+        # fork() copies every greenlet into the child: ours are killed there (nsq_sync._fork)
+        _fork.track(greenlet, _kill)
         return _Greenlet(greenlet)
 
     def event(self) -> Any:

@@ -283,12 +283,11 @@ def test_fork_while_the_parent_publishes_on_other_threads(
     """nsqd flags: none. The parent publishes from 4 threads without pause while it forks 5
     children one after another; each child publishes from 8 threads at once.
 
-    Not under gevent: there "threads" are greenlets, and fork() copies every greenlet into the
-    child, where the ones that were waiting on a socket resume on the parent's connection (gevent
-    documents that a process must fork before it starts greenlets that do I/O; gunicorn's gevent
-    worker does so)."""
-    if runtime_mode == "gevent":
-        pytest.skip("gevent copies the parent's running greenlets into the child (see docstring)")
+    Under gevent the 4 "threads" are greenlets, and fork() copies them into each child, where
+    the ones waiting for nsqd's answer resume: their sockets are closed in the child, so each
+    copied publish raises an NSQError there (it goes on in the parent) and no copy opens a
+    connection (nsqd still lists one per process). The child then stops its copies (they are
+    the test's, not the library's) before they start new publishes."""
     server: NsqdProcess = nsqd_factory()
     lock = threading.Lock()
     parent_ok: list[str] = []
@@ -309,6 +308,9 @@ def test_fork_while_the_parent_publishes_on_other_threads(
                 except NSQError as exc:
                     with lock:
                         parent_errors.append(repr(exc))
+                except BaseException as exc:
+                    with lock:
+                        parent_errors.append(f"NOT AN NSQError: {exc!r}")
                 else:
                     with lock:
                         parent_ok.append(body)
@@ -321,7 +323,9 @@ def test_fork_while_the_parent_publishes_on_other_threads(
             wait_for(lambda: len(parent_ok) >= 100, "the parent publishing")
             for c in range(5):
                 prefix = f"c{c}"
-                children.append(publishing_child(producer, topic, prefix, attempted))
+                children.append(
+                    child_of_a_busy_parent(producer, topic, prefix, attempted, stop, parent_errors)
+                )
                 at = len(parent_ok)
                 wait_for(lambda at=at: len(parent_ok) >= at + 20, "the parent still publishing")
             results = [child.result() for child in children]
@@ -332,9 +336,42 @@ def test_fork_while_the_parent_publishes_on_other_threads(
                 thread.join(30.0)
             codes = [child.finish() for child in children]
         assert codes == [0] * len(children)
+    copies = [e for r in results for e in r.pop("copied_errors")]
+    bad = [e for e in copies if e.startswith("NOT AN NSQError")]
+    assert not bad, bad[:5]  # a parent's publish copied into a child raised an NSQError there
+    if runtime_mode == "threads":
+        assert not copies  # threads do not survive a fork
     acked, errors = check_results(results + [{"ok": parent_ok, "errors": parent_errors, "hung": 0}])
     check_bodies(server, topic, acked, attempted)
     assert not errors, errors[:5]
+    print(
+        f"busy parent: {len(parent_ok)} parent publishes, 5 children, "
+        f"{len(copies)} parent publishes copied into children failed there with an NSQError"
+    )
+
+
+def child_of_a_busy_parent(
+    producer: Producer,
+    topic: str,
+    prefix: str,
+    attempted: set[str],
+    stop: threading.Event,
+    parent_errors: list[str],
+) -> Child:
+    """:func:`publishing_child` for a parent whose publishing threads loop until ``stop`` and
+    record their errors in ``parent_errors``: the child first stops its copies of those threads
+    (gevent copies greenlets; the child runs before they do) and reports what they raised in
+    the child."""
+    attempted.update(f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD))
+
+    def work() -> dict[str, Any]:
+        at_fork = len(parent_errors)  # nothing else ran in the child yet
+        stop.set()  # (this process's copy of the event)
+        result = publish_from_threads(producer, topic, prefix)
+        result["copied_errors"] = parent_errors[at_fork:]
+        return result
+
+    return Child(work, producer.close)
 
 
 # ------------------------------------------------------------------ multiprocessing pool
@@ -355,10 +392,12 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
     """nsqd flags: none. A Producer made (and connected) in the parent; a 3-process pool with
     the fork start method runs 12 tasks, each publishing from 4 threads at once.
 
-    Not under gevent: multiprocessing's pool runs its own helper threads (greenlets under
-    monkey patching) and forks while they run (see the previous test)."""
+    Not under gevent: ``multiprocessing.Pool`` itself hangs under ``monkey.patch_all()`` (a
+    pool mapping ``os.getpid`` over 12 items with no nsq_sync involved never returns: its
+    result-handler thread, a greenlet there, blocks the hub in a non-cooperative pipe read).
+    The bare-fork and busy-parent tests cover forking under gevent."""
     if runtime_mode == "gevent":
-        pytest.skip("multiprocessing forks while its helper greenlets run (see docstring)")
+        pytest.skip("multiprocessing.Pool does not run under gevent's monkey patching")
     global _POOL_PRODUCER, _POOL_TOPIC
     server: NsqdProcess = nsqd_factory()
     _POOL_TOPIC = topic
@@ -559,13 +598,12 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
 ) -> None:
     """nsqd flags: none. A Consumer started before a fork: in the child, stop() and start()
     raise Stopped saying to create one per process (nothing is sent on the parent's
-    connection); the parent's consumer keeps consuming.
+    connection), the child's copy never handles a message, and the parent's consumer receives
+    every message published while the child lives.
 
-    Not under gevent: fork() copies the consumer's running greenlets (its readers) into the
-    child, where they go on reading the parent's sockets; no library can stop that, so under
-    gevent a process must fork before it starts a Consumer (README, "Fork safety")."""
-    if runtime_mode == "gevent":
-        pytest.skip("gevent copies the consumer's running greenlets into the child")
+    Under gevent fork() copies the consumer's greenlets (readers, workers...) into the child:
+    there the fork hook closes the copied sockets and ends the copies, so none of them reads
+    what nsqd sends the parent."""
     server: NsqdProcess = nsqd_factory()
     got: list[bytes] = []
 
@@ -584,15 +622,29 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
                     call()
                 except Stopped as exc:
                     messages.append(str(exc))
-            return {"messages": messages}
+            # (under gevent) the copies of the consumer's tasks end, their sockets closed
+            tasks = list(consumer._pool.tasks)
+            wait_for(lambda: not any(t.is_alive() for t in tasks), "the copied tasks to end")
+            conns = list(consumer._conns.values())
+            return {"messages": messages, "open": sum(not c.closed for c in conns)}
 
-        child = Child(child_work, lambda: None)
+        def child_finish() -> None:
+            handled = got[handled_at_fork[0] :]
+            assert not handled, f"the child's copy handled {handled[:5]}"
+
+        handled_at_fork = [len(got)]
+        child = Child(child_work, child_finish)
         result = child.result()
-        assert child.finish() == 0
-        assert len(result["messages"]) == 2, result
-        assert all("post_fork" in m and "new Consumer" in m for m in result["messages"]), result
+        # while the child lives, the parent's consumer gets every message (the child reads none)
+        bodies = [b"while the child lives %d" % i for i in range(20)]
         with Producer(server.tcp_address) as producer:
+            producer.multi_publish(topic, bodies)
+            wait_for(lambda: all(b in got for b in bodies), "the parent receiving every message")
+            assert child.finish() == 0  # (the child asserts it handled nothing)
             producer.publish(topic, b"after the child")
         wait_for(lambda: b"after the child" in got, "the parent's consumer still consuming")
+        assert len(result["messages"]) == 2, result
+        assert all("post_fork" in m and "new Consumer" in m for m in result["messages"]), result
+        assert result["open"] == 0, result
     finally:
         assert consumer.stop(10.0)

@@ -385,6 +385,41 @@ def _pool_task(task: int) -> dict[str, Any]:
     return publish_from_threads(_POOL_PRODUCER, _POOL_TOPIC, f"task{task}", threads=4)
 
 
+def _process_worker(tasks: list[int], results: Any, go: Any) -> None:
+    results.send([_pool_task(task) for task in tasks])
+    results.close()
+    go.wait(CHILD_TIMEOUT)  # alive (its connection listed by nsqd) until the parent looked
+
+
+def _run_in_processes(context: Any, server: NsqdProcess, topic: str) -> list[dict[str, Any]]:
+    """The pool's 12 tasks on 3 fork-start multiprocessing Processes (4 each)."""
+    go = context.Event()
+    workers = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+        for w in range(3):
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_process_worker, args=(list(range(w, 12, 3)), send, go)
+            )
+            process.start()
+            send.close()
+            workers.append((process, receive))
+    results: list[dict[str, Any]] = []
+    try:
+        for process, receive in workers:
+            assert receive.poll(CHILD_TIMEOUT), f"no results from worker {process.pid}"
+            results += receive.recv()
+            receive.close()
+        wait_for_connections(server, topic, 1 + len(workers))
+    finally:
+        go.set()
+        for process, _ in workers:
+            process.join(CHILD_TIMEOUT)
+    assert [process.exitcode for process, _ in workers] == [0, 0, 0]
+    return results
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_multiprocessing_fork_pool_tasks_publish_from_threads(
     nsqd_factory: Any, topic: str, runtime_mode: str
@@ -392,12 +427,10 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
     """nsqd flags: none. A Producer made (and connected) in the parent; a 3-process pool with
     the fork start method runs 12 tasks, each publishing from 4 threads at once.
 
-    Not under gevent: ``multiprocessing.Pool`` itself hangs under ``monkey.patch_all()`` (a
-    pool mapping ``os.getpid`` over 12 items with no nsq_sync involved never returns: its
-    result-handler thread, a greenlet there, blocks the hub in a non-cooperative pipe read).
-    The bare-fork and busy-parent tests cover forking under gevent."""
-    if runtime_mode == "gevent":
-        pytest.skip("multiprocessing.Pool does not run under gevent's monkey patching")
+    Under gevent ``multiprocessing.Pool`` itself hangs (a pool mapping ``os.getpid`` over 12
+    items, with no nsq_sync involved, never returns under ``monkey.patch_all()``: its
+    result-handler thread, a greenlet there, blocks the hub in a non-cooperative pipe read), so
+    there 3 fork-start ``multiprocessing.Process`` workers run the same 12 tasks."""
     global _POOL_PRODUCER, _POOL_TOPIC
     server: NsqdProcess = nsqd_factory()
     _POOL_TOPIC = topic
@@ -405,17 +438,20 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
     try:
         producer.publish(topic, b"parent")
         context = multiprocessing.get_context("fork")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
-            pool = context.Pool(3)
-        try:
-            results = pool.map(_pool_task, range(12), chunksize=1)
-            pids = {r["pid"] for r in results}
-            # the parent's connection, and one per worker process that ran a task
-            wait_for_connections(server, topic, 1 + len(pids))
-        finally:
-            pool.close()
-            pool.join()
+        if runtime_mode == "gevent":
+            results = _run_in_processes(context, server, topic)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+                pool = context.Pool(3)
+            try:
+                results = pool.map(_pool_task, range(12), chunksize=1)
+                pids = {r["pid"] for r in results}
+                # the parent's connection, and one per worker process that ran a task
+                wait_for_connections(server, topic, 1 + len(pids))
+            finally:
+                pool.close()
+                pool.join()
     finally:
         producer.close()
         _POOL_PRODUCER = None

@@ -98,9 +98,27 @@ def track(obj: Any, abandon: Callable[[Any], None]) -> None:
 def close_socket(sock: Any) -> None:
     """Close a socket object's descriptor (this process's copy): no ``shutdown(2)``, which
     would cut the connection for the parent too. Closes even while a file made by
-    ``makefile()`` is open (an HTTP response being read); later reads raise OSError."""
+    ``makefile()`` is open (an HTTP response being read); later reads raise OSError.
+
+    gevent: a socket a greenlet waits on is closed here at once (gevent throws into the waiter
+    and closes the descriptor from the hub's next callback, after it re-initialised its loop);
+    a socket nobody waits on is closed from that callback too, as closing it now would touch
+    the event loop before gevent re-initialised it (Transport also refuses to read once its
+    closed flag is set, which the hook sets at once)."""
     if sock is None:
         return
+    hub = getattr(sock, "hub", None)
+    waited = any(
+        getattr(getattr(sock, name, None), "callback", None) is not None
+        for name in ("_read_event", "_write_event")
+    )
+    if hub is not None and not waited:
+        hub.loop.run_callback(_close_now, sock)
+    else:
+        _close_now(sock)
+
+
+def _close_now(sock: Any) -> None:
     try:
         real_close = getattr(sock, "_real_close", None)  # stdlib and gevent sockets
         if real_close is not None:

@@ -331,6 +331,8 @@ class Transport:
         return b"".join(chunks)
 
     def _recv_raw(self) -> bytes:
+        if self.closed:  # (also set in a forked child before its socket copy is closed)
+            raise ConnectionClosed("connection closed", self.address, by_server=False)
         try:
             n = self._rsock.recv_into(self._rbuf)
             data = bytes(self._rview[:n])

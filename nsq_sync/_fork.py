@@ -157,15 +157,24 @@ class PerProcess(Generic[T]):
     Args:
         factory: builds the value for the current process (called under the reset lock; keep it
             free of I/O).
+        discard: called in the child with the parent's value once it is replaced (its sockets
+            are already closed by the fork hook), under the reset lock: keep it short.
         lazy: build the first value at the first :meth:`get`, not now (a Producer: its runtime
             is decided when it first publishes).
     """
 
-    __slots__ = ("_factory", "_value", "_generation")
+    __slots__ = ("_factory", "_discard", "_value", "_generation")
 
-    def __init__(self, factory: Callable[[], T], *, lazy: bool = False) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], T],
+        discard: Callable[[T], None] | None = None,
+        *,
+        lazy: bool = False,
+    ) -> None:
         install()
         self._factory = factory
+        self._discard = discard
         self._value: T | None = None
         self._generation = -1  # no process: built by the first get() (lazy)
         if not lazy:
@@ -178,9 +187,12 @@ class PerProcess(Generic[T]):
         if self._generation != generation:
             with _lock:
                 if self._generation != generation:
+                    old = self._value
                     # value first, then the stamp: a thread that sees the new stamp sees the value
                     self._value = self._factory()
                     self._generation = generation
+                    if old is not None and self._discard is not None:
+                        self._discard(old)
         return self._value  # type: ignore[return-value]  # built above
 
     def peek(self) -> T | None:

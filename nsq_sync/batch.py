@@ -31,6 +31,7 @@ from nsq_sync.dispatch import GiveUpHandler
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
 from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
+from nsq_sync.runtime import Runtime
 
 __all__ = ["BatchConsumer", "BatchHandler"]
 
@@ -109,7 +110,6 @@ class BatchConsumer:
         self.topic = self._consumer.topic
         self.channel = self._consumer.channel
         self.config = self._consumer.config
-        self.runtime = self._consumer.runtime
         self.log = self._consumer.log
         self._lock = self.runtime.lock()
         self._open: list[Message] = []  # collected, not yet handed to handle_batch
@@ -122,6 +122,12 @@ class BatchConsumer:
         self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a batch
         self._task: Any = None
 
+    @property
+    def runtime(self) -> Runtime:
+        """As :attr:`Consumer.runtime <nsq_sync.consumer.Consumer.runtime>`: with
+        ``runtime="auto"`` decided at :meth:`start`."""
+        return self._consumer.runtime
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
@@ -131,6 +137,9 @@ class BatchConsumer:
             Stopped: the consumer was stopped (consumers are not restartable).
         """
         if self._task is None:
+            if self._consumer._decide_runtime():  # runtime="auto", gevent patched since
+                self._lock = self.runtime.lock()
+                self._wake = self.runtime.event()
             self._task = self.runtime.spawn(
                 self._batches, name=f"nsq_sync-batches-{self.topic}/{self.channel}"
             )

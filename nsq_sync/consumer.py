@@ -94,7 +94,9 @@ class Consumer:
         concurrency: number of worker tasks running the handler.
         giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
         config: a Config; keyword ``overrides`` (any Config option) apply on top.
-        runtime: ``"auto"`` (gevent if gevent patched ``socket``), ``"threads"`` or ``"gevent"``.
+        runtime: ``"auto"`` (gevent if gevent patched ``socket``; decided at :meth:`start`, so
+            a consumer made before ``monkey.patch_all()`` runs on gevent when started after),
+            ``"threads"`` or ``"gevent"``.
 
     Raises:
         InvalidName: a bad topic or channel name.
@@ -136,15 +138,15 @@ class Consumer:
         for address in direct:
             parse_address(address)
         lookupds = [parse_http_address(a)[0] for a in lookupds]
-        # Decided here: the consumer's locks and queues exist from now on (see nsq_sync.runtime).
-        self.runtime: Runtime = resolve_runtime(runtime)
+        # runtime="auto" is decided at start() (a consumer made before gevent patched the
+        # process runs on gevent when started after); until then its parts use what auto picks
+        # now, and are built again at start() if that changed (see _decide_runtime).
         self._auto_runtime = runtime is None or runtime == "auto"
         self.handler = handler
         self.log = logging.LoggerAdapter(
             logging.getLogger(f"nsq_sync.consumer.{self.topic}.{self.channel}"), {}
         )
         cfg = self.config
-        self._lock = self.runtime.rlock()
         backoff = None
         if cfg.max_backoff_duration > 0 and cfg.backoff_multiplier > 0:
             backoff = make_backoff(
@@ -161,10 +163,34 @@ class Consumer:
         self._connected_at: dict[NsqdConnection, float] = {}
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
-        self._flusher = Flusher(self.runtime, self.log)
+        self._build(resolve_runtime(runtime), direct, lookupds, concurrency, giving_up)
+        self._stop_clean = False
+        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a handler
+        self._started = False
+        self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
+        self._stopping = False
+        self._rdy_task: Any = None
+        self._counts = dict.fromkeys(
+            ("received", "finished", "requeued", "failed", "gave_up", "skipped"), 0
+        )
+
+    def _build(
+        self,
+        runtime: Runtime,
+        direct: list[str],
+        lookupds: list[str],
+        concurrency: int,
+        giving_up: GiveUpHandler | None,
+    ) -> None:
+        """Create the parts that depend on the runtime: lock, events, worker pool, flusher,
+        discovery (all idle until start())."""
+        self._runtime = runtime
+        cfg = self.config
+        self._lock = runtime.rlock()
+        self._flusher = Flusher(runtime, self.log)
         self._pool = WorkerPool(
-            self.runtime,
-            handler,
+            runtime,
+            self.handler,
             concurrency=concurrency,
             max_attempts=cfg.max_attempts,
             giving_up=giving_up,
@@ -186,24 +212,47 @@ class Consumer:
             poll_jitter=cfg.lookupd_poll_jitter,
             http_timeout=cfg.lookupd_http_timeout,
             reconnect_max=cfg.reconnect_backoff_max,
-            runtime=self.runtime,
+            runtime=runtime,
             connected=self._connected_addresses,
             connect=self._spawn_connect,
             log=self.log,
         )
-        self._rdy_wakeup = self.runtime.event()
-        self._connected = self.runtime.event()
-        self._stopped_event = self.runtime.event()  # stop requested (wakes run())
-        self._stop_done = self.runtime.event()  # fully stopped
-        self._stop_clean = False
-        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a handler
-        self._started = False
-        self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
-        self._stopping = False
-        self._rdy_task: Any = None
-        self._counts = dict.fromkeys(
-            ("received", "finished", "requeued", "failed", "gave_up", "skipped"), 0
-        )
+        self._rdy_wakeup = runtime.event()
+        self._connected = runtime.event()
+        self._stopped_event = runtime.event()  # stop requested (wakes run())
+        self._stop_done = runtime.event()  # fully stopped
+
+    def _decide_runtime(self) -> bool:
+        """With runtime="auto", decide the runtime in this process now (at start): when gevent
+        patched the process since the consumer was made on threads, build its parts again on
+        gevent (threading locks would block the whole gevent hub). True when rebuilt."""
+        if not self._auto_runtime or self._started or self._stopping:
+            return False
+        if not patched_after(self._runtime):
+            return False
+        old_lock, pool, stop_requested = self._lock, self._pool, self._stopped_event.is_set()
+        with old_lock:
+            self._build(
+                resolve_runtime("auto"),
+                self._discovery.direct,
+                self._discovery.lookupds,
+                pool.concurrency,
+                pool.giving_up,
+            )
+            self._pool.admit = pool.admit  # run()'s gate, installed before start
+            if stop_requested:  # a signal run() caught before it started
+                self._stopped_event.set()
+        self.log.debug("runtime decided at start: %s", self._runtime.name)
+        return True
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime in use (``.name`` is ``"threads"`` or ``"gevent"``). With
+        ``runtime="auto"`` it is decided at :meth:`start`; before that this is what "auto"
+        would pick now."""
+        if self._auto_runtime and not self._started and patched_after(self._runtime):
+            return resolve_runtime("auto")
+        return self._runtime
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -216,22 +265,13 @@ class Consumer:
         Raises:
             Stopped: the consumer was stopped (consumers are not restartable), or it was
                 started in another process before a fork (start a new one in each process).
-            ConfigError: with ``runtime="auto"``, gevent patched the process after the consumer
-                was created on threads.
         """
         self._check_process()
         if self._stopping:
             raise Stopped("consumer was stopped; create a new one")
         if self._started:
             return
-        if self._auto_runtime and patched_after(self.runtime):
-            # Its locks and queues are the OS threads' kind: a greenlet waiting on one would
-            # block the whole gevent hub (the process hangs).
-            raise ConfigError(
-                "this Consumer chose the threads runtime before gevent monkey-patched the "
-                "process, and cannot run in it: create the Consumer after monkey.patch_all(), "
-                "or pass runtime='gevent'"
-            )
+        self._decide_runtime()
         self._started = True
         self._started_in = _fork.stamp()
         if self._rdy.max_in_flight == 0:

@@ -167,13 +167,12 @@ def run_to_end(
     before = stats()
     admission = _Admission(limit, on_reached=lambda: consumer.set_max_in_flight(0))
     consumer._set_admit(admission)
-    stopped = consumer._stopped_event
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
         consumer.log.info("signal %d received; stopping", signum)
         signalled.append(signum)
-        stopped.set()
+        consumer._stopped_event.set()  # read here: start() may build it anew (runtime="auto")
 
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -182,6 +181,7 @@ def run_to_end(
     reason = "stopped"
     try:
         start()
+        stopped = consumer._stopped_event
         poll = None
         if idle_for is not None or limit is not None:
             poll = POLL if idle_for is None else min(POLL, idle_for / 10)

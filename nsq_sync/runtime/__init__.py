@@ -6,8 +6,9 @@ threads otherwise -- never at import (users may patch after importing nsq_sync).
 decides in each process at its first publish there (:class:`AutoRuntime`): one made in a gunicorn
 master with ``--preload`` runs on gevent in ``-k gevent`` workers, which patch after the fork; if
 gevent patches a process after a producer started there on threads, it warns. A Consumer decides
-when it is built (its locks and queues exist from then on), and refuses to start in a process
-that gevent patched since.
+at ``start()``: its parts are built with what "auto" picks when it is made, and built again on
+gevent at ``start()`` if gevent patched the process since (``consumer.runtime`` reports, before
+``start()``, what "auto" would pick now).
 """
 
 from __future__ import annotations

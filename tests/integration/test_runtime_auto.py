@@ -1,6 +1,6 @@
-"""runtime="auto" is decided in each process when a Producer first publishes there, not when it
-is built: what makes a producer created in a gunicorn master (--preload) run on gevent in
-``-k gevent`` workers, which gevent patches after the fork. Each case runs in a fresh
+"""runtime="auto" is decided in each process when a Producer first publishes there, and when a
+Consumer starts, not when either is built: what makes a client created in a gunicorn master
+(--preload) run on gevent in ``-k gevent`` workers, which gevent patches after the fork. Each case runs in a fresh
 interpreter, since patching is for the whole process."""
 
 from __future__ import annotations
@@ -115,23 +115,76 @@ def test_patching_after_a_producer_started_on_threads_warns(nsqd: NsqdProcess, t
     assert "gevent monkey-patched this process after" in warning
 
 
-def test_consumer_started_after_patching_refuses_clearly(nsqd: NsqdProcess, topic: str) -> None:
-    """Its locks and queues predate the patch: starting would hang the gevent hub. It says so."""
+def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, topic: str) -> None:
+    """Regression: a Consumer chose its runtime in Consumer() and start() raised ConfigError
+    in a process gevent patched since (a gunicorn master's consumer in a -k gevent worker)."""
     report = _run(
         """
-        from nsq_sync.errors import ConfigError
-        consumer = Consumer(topic, "c", lambda m: None, nsqd_tcp_addresses=[address])
+        seen = []
+        def handler(message):
+            import gevent
+            seen.append([message.body.decode(), isinstance(gevent.getcurrent(), gevent.Greenlet)])
+        consumer = Consumer(topic, "c", handler, nsqd_tcp_addresses=[address], concurrency=2)
+        made = consumer.runtime.name
         from gevent import monkey
         monkey.patch_all()
-        try:
-            consumer.start()
-            error = None
-        except ConfigError as exc:
-            error = str(exc)
-        print(json.dumps({"runtime": consumer.runtime.name, "error": error}))
+        patched = consumer.runtime.name
+        producer = Producer(address)
+        producer.multi_publish(topic, [b"a", b"b", b"c"])
+        summary = consumer.run(max_messages=3, timeout=30)
+        stats = consumer.stats()
+        print(json.dumps({"made": made, "patched": patched, "ran": consumer.runtime.name,
+                          "reason": summary.reason, "finished": stats.finished,
+                          "in_flight": stats.in_flight, "seen": sorted(seen),
+                          "warnings": caught}))
         """,
         nsqd,
         topic,
     )
-    assert report["runtime"] == "threads"
-    assert "before gevent monkey-patched" in report["error"]
+    assert report == {
+        "made": "threads",
+        "patched": "gevent",  # before start(): what "auto" would pick now
+        "ran": "gevent",
+        "reason": "max_messages",
+        "finished": 3,
+        "in_flight": 0,
+        "seen": [["a", True], ["b", True], ["c", True]],
+        "warnings": [],
+    }
+
+
+def test_batch_consumer_built_before_patching_consumes_on_gevent(
+    nsqd: NsqdProcess, topic: str
+) -> None:
+    report = _run(
+        """
+        from nsq_sync import BatchConsumer
+        batches, bodies = [], []
+        def handle(messages):
+            import gevent
+            batches.append([len(messages), isinstance(gevent.getcurrent(), gevent.Greenlet)])
+            bodies.extend(m.body.decode() for m in messages)
+        consumer = BatchConsumer(topic, "c", handle, batch_size=2, batch_timeout=30,
+                                 nsqd_tcp_addresses=[address])
+        made = consumer.runtime.name
+        from gevent import monkey
+        monkey.patch_all()
+        Producer(address).multi_publish(topic, [b"a", b"b", b"c", b"d"])
+        summary = consumer.run(max_messages=4, timeout=30)
+        stats = consumer.stats()
+        print(json.dumps({"made": made, "ran": consumer.runtime.name,
+                          "batches": batches, "bodies": sorted(bodies), "finished": stats.finished,
+                          "in_flight": stats.in_flight, "warnings": caught}))
+        """,
+        nsqd,
+        topic,
+    )
+    assert report == {
+        "made": "threads",
+        "ran": "gevent",
+        "batches": [[2, True], [2, True]],
+        "bodies": ["a", "b", "c", "d"],
+        "finished": 4,
+        "in_flight": 0,
+        "warnings": [],
+    }

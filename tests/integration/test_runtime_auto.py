@@ -126,14 +126,18 @@ def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, to
             seen.append([message.body.decode(), isinstance(gevent.getcurrent(), gevent.Greenlet)])
         consumer = Consumer(topic, "c", handler, nsqd_tcp_addresses=[address], concurrency=2)
         made = consumer.runtime.name
+        consumer.set_max_in_flight(2)
         from gevent import monkey
         monkey.patch_all()
         patched = consumer.runtime.name
+        before_start = [consumer.stats().max_in_flight, consumer.is_starved(),
+                        consumer.wait_connected(0.01)]
         producer = Producer(address)
         producer.multi_publish(topic, [b"a", b"b", b"c"])
         summary = consumer.run(max_messages=3, timeout=30)
         stats = consumer.stats()
-        print(json.dumps({"made": made, "patched": patched, "ran": consumer.runtime.name,
+        print(json.dumps({"made": made, "patched": patched, "before_start": before_start,
+                          "ran": consumer.runtime.name,
                           "reason": summary.reason, "finished": stats.finished,
                           "in_flight": stats.in_flight, "seen": sorted(seen),
                           "warnings": caught}))
@@ -144,6 +148,7 @@ def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, to
     assert report == {
         "made": "threads",
         "patched": "gevent",  # before start(): what "auto" would pick now
+        "before_start": [2, False, False],  # queries work before start, on either runtime
         "ran": "gevent",
         "reason": "max_messages",
         "finished": 3,

@@ -4,6 +4,7 @@
     gunicorn --preload -w 2 -b 127.0.0.1:8000 app:app            # or -k gevent
     curl 'http://127.0.0.1:8000/publish?body=hello'
     flask --app app nsq consume events archive --handler app:archive
+    flask --app app nsq consume events archive --handler app:archive_batch --batch-size 100
 
 Environment: NSQD_TCP_ADDRESSES (comma-separated, default 127.0.0.1:4150), EVENTS_TOPIC
 (default "events"), ARCHIVE_FILE (where the handler appends bodies, default archive.log).
@@ -51,3 +52,12 @@ def archive(message: Message) -> None:
         raise ValueError("refusing to archive 'fail'")
     with open(current_app.config["ARCHIVE_FILE"], "ab") as archive_file:
         archive_file.write(message.body + b"\n")
+
+
+def archive_batch(messages: list[Message]) -> None:
+    """The batch handler (``--handler app:archive_batch --batch-size N``): appends each batch of
+    up to N messages as one line (bodies separated by tabs) in one write, inside an application
+    context. Returning finishes the whole batch; raising requeues it."""
+    line = b"\t".join(message.body for message in messages)
+    with open(current_app.config["ARCHIVE_FILE"], "ab") as archive_file:
+        archive_file.write(line + b"\n")

@@ -14,9 +14,9 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._http_base import parse_http_address
+from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer
-from nsq_sync.dispatch import Handler
 from nsq_sync.errors import ConfigError
 from nsq_sync.producer import Producer
 from nsq_sync.transport import parse_address
@@ -180,34 +180,59 @@ class ProducerHolder:
 def make_consumer(
     topic: str,
     channel: str,
-    handler: Handler,
+    handler: Callable[[Any], Any],
     settings: NsqSettings,
     *,
     concurrency: int = 1,
     max_in_flight: int | None = None,
-) -> Consumer:
-    """A Consumer on the settings' addresses. ``max_in_flight`` defaults to the settings' value,
-    raised to ``concurrency`` so that every worker can have a message.
+    batch_size: int | None = None,
+    batch_timeout: float | None = None,
+) -> Consumer | BatchConsumer:
+    """A Consumer on the settings' addresses; with ``batch_size``, a BatchConsumer whose
+    ``handler`` receives lists of up to ``batch_size`` messages (``batch_timeout`` seconds
+    after the first, default 1). ``max_in_flight`` defaults to the settings' value, raised to
+    ``concurrency`` (or ``batch_size``) so that every worker (or a whole batch) can have a
+    message.
 
     Raises:
-        InvalidName, ConfigError: a bad name, no address, or a bad option.
+        InvalidName, ConfigError: a bad name, no address, a bad option, ``batch_timeout``
+            without ``batch_size``, or ``concurrency`` with it (batches run one at a time).
     """
+    addresses: dict[str, Any] = {
+        "nsqd_tcp_addresses": list(settings.nsqd_tcp_addresses),
+        "lookupd_http_addresses": list(settings.lookupd_http_addresses),
+        "config": settings.config,
+    }
+    if batch_size is None:
+        if batch_timeout is not None:
+            raise ConfigError("--batch-timeout needs --batch-size")
+        if max_in_flight is None:
+            max_in_flight = max(settings.config.max_in_flight, concurrency)
+        return Consumer(
+            topic,
+            channel,
+            handler,
+            concurrency=concurrency,
+            max_in_flight=max_in_flight,
+            **addresses,
+        )
+    if concurrency != 1:
+        raise ConfigError("--batch-size handles one batch at a time: no --concurrency")
     if max_in_flight is None:
-        max_in_flight = max(settings.config.max_in_flight, concurrency)
-    return Consumer(
+        max_in_flight = max(settings.config.max_in_flight, batch_size)
+    return BatchConsumer(
         topic,
         channel,
         handler,
-        nsqd_tcp_addresses=list(settings.nsqd_tcp_addresses),
-        lookupd_http_addresses=list(settings.lookupd_http_addresses),
-        config=settings.config,
-        concurrency=concurrency,
+        batch_size=batch_size,
+        batch_timeout=1.0 if batch_timeout is None else batch_timeout,
         max_in_flight=max_in_flight,
+        **addresses,
     )
 
 
 def run_to_exit_status(
-    consumer: Consumer, idle_timeout: float | None, max_messages: int | None
+    consumer: Consumer | BatchConsumer, idle_timeout: float | None, max_messages: int | None
 ) -> int:
     """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; return the
     exit status: 0 when nothing failed (a graceful stop by signal is success), 1 when handlers

@@ -351,3 +351,43 @@ def test_nsq_consume_idle_timeout_exits_1_when_handlers_failed(
     assert code == 1, err
     assert _shipments(db) == [(1, "x")]
     assert time.monotonic() - started < 60
+
+
+def test_nsq_consume_batch_size_writes_batches_through_the_orm(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    db, env = _migrated_db(tmp_path, nsqd)
+    orders = [{"order_id": i, "item": f"item {i}"} for i in range(6)]
+    _publish_orders(nsqd, topic, orders)
+    # a long --batch-timeout: batches close because they are full, not because time passed
+    proc = _consume(
+        env,
+        topic,
+        "--handler",
+        "shop.handlers.ship_batch",
+        "--batch-size",
+        "3",
+        "--batch-timeout",
+        "30",
+    )
+
+    def done() -> bool:
+        return len(_shipments(db)) == 6 and all_answered(_channel(nsqd, topic))
+
+    code, err = sigterm_when(proc, done, "6 shipments in the database, 6 FINs at nsqd")
+    assert code == 0, err
+    assert _shipments(db) == [(o["order_id"], o["item"]) for o in orders]
+    assert err.count("shipped a batch of 3 orders") == 2, err
+    assert "shipped a batch of" not in err.replace("shipped a batch of 3 orders", ""), err
+    assert_left_clean(_channel(nsqd, topic))
+
+
+def test_nsq_consume_batch_timeout_needs_batch_size(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    _, env = _migrated_db(tmp_path, nsqd)
+    code, err = finish(
+        _consume(env, topic, "--handler", "shop.handlers.ship_batch", "--batch-timeout", "1")
+    )
+    assert code == 2
+    assert "--batch-timeout needs --batch-size" in err

@@ -187,3 +187,41 @@ def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
     )
     assert code == 1, err
     assert _archived(archive) == [b"ok"]
+
+
+def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    archive = tmp_path / "archive.log"
+    bodies = [b"event %d" % i for i in range(4)]
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(topic, bodies)
+    env = _example_env(nsqd, archive, topic)
+    # a long --batch-timeout: batches close because they are full, not because time passed
+    proc = _flask_consume(
+        env, topic, "--handler", "app:archive_batch", "--batch-size", "2", "--batch-timeout", "30"
+    )
+
+    def done() -> bool:
+        return len(_archived(archive)) == 2 and all_answered(_channel(nsqd, topic))
+
+    # archive_batch finds ARCHIVE_FILE through current_app: it ran in an app context
+    code, err = sigterm_when(proc, done, "2 archived batches, 4 FINs at nsqd")
+    assert code == 0, err
+    batches = [line.split(b"\t") for line in _archived(archive)]
+    assert [len(batch) for batch in batches] == [2, 2]
+    assert sorted(body for batch in batches for body in batch) == bodies
+    assert_left_clean(_channel(nsqd, topic))
+
+
+def test_flask_consume_batch_size_with_concurrency_is_a_usage_error(
+    tmp_path: Path, nsqd: NsqdProcess, topic: str
+) -> None:
+    env = _example_env(nsqd, tmp_path / "a.log", topic)
+    code, err = finish(
+        _flask_consume(
+            env, topic, "--handler", "app:archive_batch", "--batch-size", "2", "--concurrency", "2"
+        )
+    )
+    assert code == 2
+    assert "no --concurrency" in err

@@ -1,12 +1,18 @@
-"""The consumer side: ``manage.py nsq_consume orders shipping --handler shop.handlers.ship``."""
+"""The consumer side: ``manage.py nsq_consume orders shipping --handler shop.handlers.ship``, or
+``--handler shop.handlers.ship_batch --batch-size 100`` to write many orders at once."""
 
 from __future__ import annotations
 
 import json
+import logging
+
+from django.db import transaction
 
 from nsq_sync import Message
 
 from .models import Shipment
+
+log = logging.getLogger(__name__)
 
 
 def ship(message: Message) -> None:
@@ -21,3 +27,19 @@ def ship(message: Message) -> None:
         message_id=message.id.decode(),
         defaults={"order_id": data["order_id"], "item": data["item"]},
     )
+
+
+def ship_batch(messages: list[Message]) -> None:
+    """Record the Shipments of a batch of order messages in one transaction (returning finishes
+    them all; raising requeues them all). Idempotent, as :func:`ship`."""
+    orders = {message.id.decode(): json.loads(message.body) for message in messages}
+    with transaction.atomic():
+        known = set(
+            Shipment.objects.filter(message_id__in=orders).values_list("message_id", flat=True)
+        )
+        Shipment.objects.bulk_create(
+            Shipment(message_id=message_id, order_id=data["order_id"], item=data["item"])
+            for message_id, data in orders.items()
+            if message_id not in known
+        )
+    log.info("shipped a batch of %d orders", len(messages))

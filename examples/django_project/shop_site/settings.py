@@ -48,6 +48,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
         "nsq_sync": {"handlers": ["console"], "level": "INFO"},
+        "shop": {"handlers": ["console"], "level": "INFO"},
         "django.request": {"handlers": ["console"], "level": "ERROR"},
     },
 }

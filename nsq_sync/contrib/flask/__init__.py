@@ -153,6 +153,18 @@ nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
     help="Stop after this many seconds without a message.",
 )
 @click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The handler receives a list of up to N messages (one batch at a time).",
+)
+@click.option(
+    "--batch-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds a batch waits for more messages after its first (default 1).",
+)
 def consume(
     topic: str,
     channel: str,
@@ -161,13 +173,16 @@ def consume(
     max_in_flight: int | None,
     idle_timeout: float | None,
     max_messages: int | None,
+    batch_size: int | None,
+    batch_timeout: float | None,
 ) -> None:
     """Consume TOPIC/CHANNEL with a handler until SIGTERM (exit 0); exit 1 when handlers failed
-    in a run ended by --idle-timeout or --max-messages."""
+    in a run ended by --idle-timeout or --max-messages. With --batch-size the handler receives a
+    list of messages."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     function = load_handler(handler)
 
-    def in_app_context(message: Message) -> Any:
+    def in_app_context(message: Any) -> Any:  # a Message, or a list of them (--batch-size)
         with app.app_context():
             return function(message)
 
@@ -182,6 +197,8 @@ def consume(
             state.settings,
             concurrency=concurrency,
             max_in_flight=max_in_flight,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
         )
     except (NSQError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc

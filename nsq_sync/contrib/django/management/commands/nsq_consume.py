@@ -1,5 +1,6 @@
 """``manage.py nsq_consume TOPIC CHANNEL --handler dotted.path``: run a Consumer until SIGTERM
-(or --idle-timeout / --max-messages, for cron).
+(or --idle-timeout / --max-messages, for cron). With ``--batch-size N`` the handler receives a
+list of up to N messages (a BatchConsumer; ``--batch-timeout`` seconds after the first, default 1).
 
 Exit status: 0 after SIGTERM/SIGINT (a graceful stop) or a run that ended with nothing failed;
 1 when handlers failed or gave up; 2 for bad usage (a bad name, handler or option).
@@ -49,12 +50,12 @@ def load_handler(path: str) -> Callable[[Message], Any]:
     return handler  # type: ignore[no-any-return]
 
 
-def with_fresh_connections(handler: Callable[[Message], Any]) -> Callable[[Message], Any]:
-    """Run ``handler`` between two ``close_old_connections()``, as Django's request cycle does,
-    so a long-running worker never uses a database connection that died or outlived
-    CONN_MAX_AGE."""
+def with_fresh_connections(handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Run ``handler`` (on a message, or a batch of them) between two
+    ``close_old_connections()``, as Django's request cycle does, so a long-running worker never
+    uses a database connection that died or outlived CONN_MAX_AGE."""
 
-    def handle(message: Message) -> Any:
+    def handle(message: Any) -> Any:
         close_old_connections()
         try:
             return handler(message)
@@ -73,7 +74,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--handler",
             required=True,
-            help="dotted path of a function called with each message (returns: FIN; raises: REQ)",
+            help="dotted path of a function called with each message, or with a list of them "
+            "with --batch-size (returns: FIN; raises: REQ)",
         )
         parser.add_argument("--concurrency", type=_positive(int), default=1)
         parser.add_argument(
@@ -91,6 +93,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-messages", type=_positive(int), default=None, help="stop after N messages"
         )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive(int),
+            default=None,
+            help="the handler receives a list of up to N messages (one batch at a time)",
+        )
+        parser.add_argument(
+            "--batch-timeout",
+            type=_positive(float),
+            default=None,
+            help="seconds a batch waits for more messages after its first (default 1)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = with_fresh_connections(load_handler(options["handler"]))
@@ -103,6 +117,8 @@ class Command(BaseCommand):
                 settings,
                 concurrency=options["concurrency"],
                 max_in_flight=options["max_in_flight"],
+                batch_size=options["batch_size"],
+                batch_timeout=options["batch_timeout"],
             )
         except (NSQError, ValueError) as exc:
             raise CommandError(str(exc), returncode=2) from exc

@@ -396,11 +396,11 @@ def test_a_burst_is_finished_in_batches_in_order(concurrency: int) -> None:
         assert sum(len(b) for b in h.batches) == len(messages)
         assert all(len(b) <= FIN_BATCH for b in h.batches)
         if concurrency == 1:
-            # one worker: one write per full batch, in delivery order
-            assert h.batches == [
-                [m.id for m in messages[i : i + FIN_BATCH]]
-                for i in range(0, len(messages), FIN_BATCH)
-            ]
+            # one worker: the FINs go out in delivery order, in writes of at most FIN_BATCH (a
+            # worker descheduled for longer than FIN_HOLD on a busy machine may split a batch
+            # in two: the boundaries are timing, the order is not)
+            assert [i for b in h.batches for i in b] == [m.id for m in messages]
+            assert len(h.batches) >= len(messages) // FIN_BATCH
 
 
 def test_a_long_handler_does_not_hold_back_the_fins_before_it() -> None:

@@ -47,7 +47,6 @@ from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
 from nsq_sync.producer import Producer
 from nsq_sync.protocol.names import validate_channel, validate_topic
-from nsq_sync.running import RunSummary
 from nsq_sync.transport import parse_address
 
 __all__ = ["main"]
@@ -266,10 +265,6 @@ def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: A
     )
 
 
-def _exit_status(summary: RunSummary) -> int:
-    return 0 if summary.ok else 1
-
-
 # --------------------------------------------------------------------------- commands
 
 
@@ -352,7 +347,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         args, channel, writer(sys.stdout.buffer, args.format), max_in_flight=max_in_flight
     )
     summary = consumer.run(max_messages=args.count)
-    return _exit_status(summary)
+    return summary.exit_status
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -382,7 +377,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
         )
     finally:
         if output is not sys.stdout.buffer:
-            output.close()
+            try:
+                output.close()
+            except OSError as exc:
+                # Every finished message was flushed before its FIN: what is left in the buffer
+                # belongs to messages whose write failed, and those were requeued.
+                log.warning(
+                    "closing %s: %s (unwritten output of failed, requeued messages)",
+                    args.output,
+                    exc.strerror or exc,
+                )
     progress.close(
         f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
         f"{summary.elapsed:.1f} s ({progress.rate():.1f}/s; ended: {summary.reason})"
@@ -394,7 +398,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
             summary.failed,
             summary.gave_up,
         )
-    return _exit_status(summary)
+    return summary.exit_status
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

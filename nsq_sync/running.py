@@ -75,8 +75,17 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        """True when no handler call failed and no message was given up (exit status 0)."""
+        """True when no handler call failed and no message was given up."""
         return self.failed == 0 and self.gave_up == 0
+
+    @property
+    def exit_status(self) -> int:
+        """The exit status of a command that ran this consumer (``nsq-sync tail``/``drain``,
+        ``manage.py nsq_consume``, ``flask nsq consume``): 0 after a graceful stop (SIGTERM,
+        SIGINT or ``stop()``: a deploy stopping a worker is success, whatever failed and was
+        requeued before), otherwise 0 when :attr:`ok` and 1 when handlers failed or gave up (a
+        run ended by ``idle_timeout``, ``max_messages`` or ``timeout``, so cron can alert)."""
+        return 0 if self.reason in ("signal", "stopped") or self.ok else 1
 
 
 def positive_seconds(name: str, value: object) -> float | None:

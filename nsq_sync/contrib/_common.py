@@ -235,8 +235,9 @@ def run_to_exit_status(
     consumer: Consumer | BatchConsumer, idle_timeout: float | None, max_messages: int | None
 ) -> int:
     """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; return the
-    exit status: 0 when nothing failed (a graceful stop by signal is success), 1 when handlers
-    failed or gave up."""
+    exit status (:attr:`~nsq_sync.running.RunSummary.exit_status`): 0 after SIGTERM/SIGINT (a
+    graceful stop is success), else 0 when nothing failed and 1 when handlers failed or gave
+    up."""
     summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)
     log.info(
         "consumer stopped (%s): %d handled, %d failed, %d gave up",
@@ -245,7 +246,7 @@ def run_to_exit_status(
         summary.failed,
         summary.gave_up,
     )
-    return 0 if summary.ok else 1
+    return summary.exit_status
 
 
 def setting_name(key: str) -> str:

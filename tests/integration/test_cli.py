@@ -284,6 +284,29 @@ def test_drain_exits_1_when_messages_failed_and_requeues_them(
     assert stats["depth"] + stats["deferred_count"] == 3  # nothing was lost
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_drain_stopped_by_sigterm_after_failures_exits_0(nsqd: NsqdProcess, topic: str) -> None:
+    """SIGTERM is a graceful stop, and a graceful stop is success even after some messages
+    failed and went back to nsqd (a deploy stopping a worker must not look like a failure)."""
+    prepare_channel(nsqd, topic, "ch", 2)
+    proc = spawn("drain", topic, "ch", "-o", "/dev/full", "--nsqd-tcp-address", nsqd.tcp_address)
+    try:
+
+        def failed_once() -> bool:
+            entry = http(nsqd).topic_stats(topic)
+            return bool(entry and any(c["requeue_count"] for c in entry["channels"]))
+
+        wait_for(failed_once, "a failed message to be requeued")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err  # (the failures themselves are logged with their traceback)
+    stats = settled_channel(http(nsqd), topic, "ch")
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] + stats["deferred_count"] == 2  # nothing was lost
+
+
 def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) -> None:
     prepare_channel(nsqd, topic, "ch", 30)
     master, slave = pty.openpty()

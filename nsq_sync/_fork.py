@@ -54,17 +54,22 @@ _installed = False
 # Serialises resets within one process; replaced in every child (see the module docstring).
 _lock = threading.Lock()
 # tracked object -> its abandon function (made on first use; weak keys)
-_tracked: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] | None = None
+# Made here, not on first use: two threads tracking their first objects at once would each make
+# one, and the entries of the one that lost would never be abandoned in a child.
+_tracked: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+#: Guards a message's "answered" flag (message.py, dispatch.py: an application thread may answer
+#: while the worker does). Like ``_lock`` it is replaced in a forked child: a parent's thread may
+#: have held it at the fork, and every finish() in the child would then block forever.
+claim_lock = threading.Lock()
 
 T = TypeVar("T")
 
 
 def _after_fork_in_child() -> None:
-    global generation, _lock
+    global generation, _lock, claim_lock
     _lock = threading.Lock()
+    claim_lock = threading.Lock()
     generation += 1
-    if _tracked is None:
-        return
     for obj, abandon in list(_tracked.items()):
         try:
             abandon(obj)
@@ -88,10 +93,7 @@ def track(obj: Any, abandon: Callable[[Any], None]) -> None:
     resources (close descriptors only) and be idempotent. A plain function, not a bound method
     (that would keep ``obj`` alive). Thread-safe.
     """
-    global _tracked
     install()
-    if _tracked is None:
-        _tracked = weakref.WeakKeyDictionary()
     _tracked[obj] = abandon
 
 

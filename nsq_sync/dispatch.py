@@ -37,8 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from nsq_sync import _fork
 from nsq_sync.errors import ConfigError, RequeueMessage
-from nsq_sync.message import CLAIM_LOCK, Message
+from nsq_sync.message import Message
 from nsq_sync.runtime import Runtime, Task
 
 Handler = Callable[[Message], Any]
@@ -274,7 +275,7 @@ class WorkerPool:
         if self.finish_many is None:
             message.finish()
             return False
-        with CLAIM_LOCK:  # an application thread may be answering it right now
+        with _fork.claim_lock:  # an application thread may be answering it right now
             if message._responded:
                 return False
             message._responded = True  # claimed: finished with the worker's next batch

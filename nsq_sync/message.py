@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Protocol
 
+from nsq_sync import _fork
 from nsq_sync.config import to_seconds
 
 log = logging.getLogger(__name__)
 
-#: Guards the first answer (finish/requeue) of every message: a worker's automatic FIN and an
-#: application thread's finish()/requeue() may race; exactly one of them wins. Held for two
-#: attribute accesses, never across I/O (so one lock for all messages does not contend, and under
-#: gevent it never blocks a greenlet).
-CLAIM_LOCK = threading.Lock()
+# The first answer (finish/requeue) of every message is taken under ``_fork.claim_lock``: a
+# worker's automatic FIN and an application thread's finish()/requeue() may race; exactly one of
+# them wins. Held for two attribute accesses, never across I/O (so one lock for all messages does
+# not contend, and under gevent it never blocks a greenlet); replaced in a forked child.
 
 
 class Responder(Protocol):
@@ -96,7 +95,7 @@ class Message:
         self._async = True
 
     def _claim(self, what: str) -> bool:
-        with CLAIM_LOCK:
+        with _fork.claim_lock:
             if self._responded:
                 claimed = False
             else:

@@ -8,6 +8,7 @@ import atexit
 import dataclasses
 import difflib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,9 @@ class ProducerHolder:
         # drops only the child's copies of its descriptors (see Producer's fork safety)
         self._inherited: list[Producer] = []
         self._producer = _fork.PerProcess(self._make, self._inherited.append, lazy=True)
+        # replacing a closed Producer: one thread at a time (a lock per process, so a thread
+        # that held it at a fork cannot block the child)
+        self._replacing = _fork.PerProcess(threading.Lock)
         self._exit_registered = False
 
     def _make(self) -> Producer:
@@ -165,9 +169,12 @@ class ProducerHolder:
             except IndexError:  # another thread took it
                 break
             inherited.close(timeout=0)
-        if producer.closed:  # close() was called: the next use makes a new one
-            self._producer = _fork.PerProcess(self._make, self._inherited.append, lazy=True)
-            producer = self._producer.get()
+        if producer.closed:  # close() was called: the next use makes a new one (only one)
+            with self._replacing.get():
+                producer = self._producer.get()
+                if producer.closed:
+                    self._producer = _fork.PerProcess(self._make, self._inherited.append, lazy=True)
+                    producer = self._producer.get()
         return producer
 
     def close(self) -> None:

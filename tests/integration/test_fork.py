@@ -629,6 +629,46 @@ def test_http_client_forked_child_threads_share_one_new_session(
     assert not errors, errors[:5]
 
 
+# ------------------------------------------------------------------ a message answer across a fork
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
+def test_a_message_answer_in_progress_at_the_fork_does_not_block_the_child() -> None:
+    """A parent's thread is answering a message (it holds the lock that decides between the
+    worker's auto-FIN and an application thread's answer) at the very moment another thread
+    forks: in the child, answering a message must not block forever on the inherited lock."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def finish(self, message: Message) -> None:
+            self.calls.append("finish")
+
+        def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
+            self.calls.append("requeue")
+
+        def touch(self, message: Message) -> None:
+            self.calls.append("touch")
+
+    from nsq_sync import _fork as fork_state
+
+    fork_state.install()  # what a started Consumer or a Producer does
+    with fork_state.claim_lock:  # the answering thread, caught at the fork
+        pid = _fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            code = 1
+            try:
+                recorder = Recorder()
+                message = Message(b"0" * 16, b"body", 0, 1, recorder)
+                done = threading.Event()
+                threading.Thread(target=lambda: (message.finish(), done.set()), daemon=True).start()
+                code = 0 if done.wait(10.0) and recorder.calls == ["finish"] else 3
+            finally:
+                os._exit(code)
+    assert waitpid(pid, 30.0) == 0, "finish() in the child blocked on the parent's claim lock"
+
+
 # ------------------------------------------------------------------ a Consumer across a fork
 
 

@@ -270,7 +270,14 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
         if self._signalled:
             return
         self._signalled = True
+        # The signal may have interrupted this very thread inside a lock that close() needs (the
+        # source's own, or a connection's while commit() writes FINs): close on a thread of its
+        # own, which the interpreter waits for before it exits (not a daemon), and unwind this
+        # one at once, releasing whatever it held.
+        threading.Thread(target=self._close_on_signal, name="nsq_sync-spark-sigterm").start()
+        raise SystemExit(0)
+
+    def _close_on_signal(self) -> None:
         start = time.monotonic()
         self.close()
         log.info("nsq source: SIGTERM handled in %.2f s", time.monotonic() - start)
-        raise SystemExit(0)

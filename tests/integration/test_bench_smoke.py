@@ -22,7 +22,9 @@ if str(ROOT) not in sys.path:
 import bench.report as bench_report  # noqa: E402
 import bench.run as bench_run  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# slow: every bench workload end to end (~11 s); the harness does not depend on the interpreter
+# the suite runs on (each client runs in a process of its own), so once per CI run is enough
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TINY = dataclasses.replace(
     bench_run.QUICK,

@@ -22,12 +22,14 @@ from support.nsq import bounded, free_closed_port, prepare_channel, settled_chan
 from nsq_sync import NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration]
 
 #: How the command line is started: ``python -m nsq_sync``, and in a gevent run of the suite the
 #: same module in a process that gevent patched first (as a gevent application that shells out to
-#: its own entry point would), so the command line is exercised on both runtimes.
+#: its own entry point would), so the command line is exercised on both runtimes. The gevent run
+#: is marked slow: once per CI run (3.11) is enough, the threads envs cover every interpreter.
 if os.environ.get("NSQ_SYNC_TEST_RUNTIME", "").strip().lower() == "gevent":
+    pytestmark.append(pytest.mark.slow)
     NSQ_SYNC_CMD = [
         sys.executable,
         "-c",

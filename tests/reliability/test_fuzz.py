@@ -420,6 +420,7 @@ ATHERIS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~20 s of fuzzing: once per CI run, on 3.11 (atheris has no 3.9/3.10 wheel)
 def test_atheris_frame_decoder(tmp_path: Any, record_property: Any) -> None:
     """A bounded coverage-guided run (libFuzzer via atheris) over FrameDecoder: any exception
     other than ProtocolError is a crash and fails the test."""

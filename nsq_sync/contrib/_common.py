@@ -205,36 +205,31 @@ def make_consumer(
         InvalidName, ConfigError: a bad name, no address, a bad option, ``batch_timeout``
             without ``batch_size``, or ``concurrency`` with it (batches run one at a time).
     """
-    addresses: dict[str, Any] = {
-        "nsqd_tcp_addresses": list(settings.nsqd_tcp_addresses),
-        "lookupd_http_addresses": list(settings.lookupd_http_addresses),
-        "config": settings.config,
-    }
+    kind: type[Consumer] | type[BatchConsumer]
+    options: dict[str, Any]
     if batch_size is None:
         if batch_timeout is not None:
             raise ConfigError("--batch-timeout needs --batch-size")
-        if max_in_flight is None:
-            max_in_flight = max(settings.config.max_in_flight, concurrency)
-        return Consumer(
-            topic,
-            channel,
-            handler,
-            concurrency=concurrency,
-            max_in_flight=max_in_flight,
-            **addresses,
-        )
-    if concurrency != 1:
-        raise ConfigError("--batch-size handles one batch at a time: no --concurrency")
+        kind, floor, options = Consumer, concurrency, {"concurrency": concurrency}
+    else:
+        if concurrency != 1:
+            raise ConfigError("--batch-size handles one batch at a time: no --concurrency")
+        kind, floor = BatchConsumer, batch_size
+        options = {
+            "batch_size": batch_size,
+            "batch_timeout": 1.0 if batch_timeout is None else batch_timeout,
+        }
     if max_in_flight is None:
-        max_in_flight = max(settings.config.max_in_flight, batch_size)
-    return BatchConsumer(
+        max_in_flight = max(settings.config.max_in_flight, floor)
+    return kind(
         topic,
         channel,
         handler,
-        batch_size=batch_size,
-        batch_timeout=1.0 if batch_timeout is None else batch_timeout,
         max_in_flight=max_in_flight,
-        **addresses,
+        nsqd_tcp_addresses=list(settings.nsqd_tcp_addresses),
+        lookupd_http_addresses=list(settings.lookupd_http_addresses),
+        config=settings.config,
+        **options,
     )
 
 

@@ -132,9 +132,17 @@ def address_list(name: str, value: object) -> tuple[str, ...]:
 
 
 def _opt(
-    default: Any, kind: str, lo: float | None = None, hi: float | None = None, **kw: Any
+    default: Any,
+    kind: str,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    doc: str,
+    choices: tuple[str, ...] | None = None,
+    **kw: Any,
 ) -> Any:
-    meta = {"kind": kind, "min": lo, "max": hi}
+    # "doc" and "choices" are read by the docs' configuration reference (docs/_ext), not here.
+    meta = {"kind": kind, "min": lo, "max": hi, "doc": doc, "choices": choices}
     if "default_factory" in kw:
         return field(default_factory=kw.pop("default_factory"), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -151,55 +159,238 @@ class Config:
     """
 
     # --- connection
-    dial_timeout: float = _opt(1.0, "duration", 0.01, 300.0)
-    read_timeout: float = _opt(60.0, "duration", 0.1, 300.0)
-    write_timeout: float = _opt(1.0, "duration", 0.01, 300.0)
-    heartbeat_interval: float = _opt(30.0, "duration", 1.0, 300.0)
-    client_id: str | None = _opt(None, "str?")
-    hostname: str | None = _opt(None, "str?")
-    user_agent: str = _opt(f"nsq_sync/{__version__}", "str")
-    output_buffer_size: int | None = _opt(16384, "int?", 64, 64 * 1024 * 1024)
-    output_buffer_timeout: float | None = _opt(0.25, "duration?", 0.001, 300.0)
-    sample_rate: int = _opt(0, "int", 0, 99)
-    msg_timeout: float | None = _opt(None, "duration?", 1.0, 86400.0)
-    max_frame_size: int = _opt(64 * 1024 * 1024, "int", 1024, 2**31 - 1)
+    dial_timeout: float = _opt(
+        1.0, "duration", 0.01, 300.0, doc="Time allowed to open the TCP connection to an nsqd."
+    )
+    read_timeout: float = _opt(
+        60.0,
+        "duration",
+        0.1,
+        300.0,
+        doc="A connection that receives nothing (not even a heartbeat) for this long is closed; must exceed heartbeat_interval.",
+    )
+    write_timeout: float = _opt(
+        1.0, "duration", 0.01, 300.0, doc="Time allowed for one write to an nsqd socket."
+    )
+    heartbeat_interval: float = _opt(
+        30.0,
+        "duration",
+        1.0,
+        300.0,
+        doc="Interval at which nsqd sends heartbeats (sent in IDENTIFY); the reader answers each with NOP.",
+    )
+    client_id: str | None = _opt(
+        None, "str?", doc="Client identifier sent in IDENTIFY (nsqd's default: the short hostname)."
+    )
+    hostname: str | None = _opt(
+        None,
+        "str?",
+        doc="Hostname sent in IDENTIFY (default: this host's name, looked up at connect time).",
+    )
+    user_agent: str = _opt(
+        f"nsq_sync/{__version__}",
+        "str",
+        doc="User agent sent in IDENTIFY, shown by nsqadmin and /stats.",
+    )
+    output_buffer_size: int | None = _opt(
+        16384,
+        "int?",
+        64,
+        64 * 1024 * 1024,
+        doc="Bytes nsqd buffers before writing to this client (IDENTIFY); None leaves nsqd's default. 64 gives the lowest latency.",
+    )
+    output_buffer_timeout: float | None = _opt(
+        0.25,
+        "duration?",
+        0.001,
+        300.0,
+        doc="Longest time nsqd holds buffered data before writing it (IDENTIFY); None disables nsqd's output buffering timeout.",
+    )
+    sample_rate: int = _opt(
+        0,
+        "int",
+        0,
+        99,
+        doc="Percentage of the channel's messages nsqd sends to this client (0 = all).",
+    )
+    msg_timeout: float | None = _opt(
+        None,
+        "duration?",
+        1.0,
+        86400.0,
+        doc="Per-connection message timeout asked of nsqd (IDENTIFY); None keeps nsqd's --msg-timeout.",
+    )
+    max_frame_size: int = _opt(
+        64 * 1024 * 1024,
+        "int",
+        1024,
+        2**31 - 1,
+        doc="Largest frame accepted from nsqd; a bigger one closes the connection with FrameTooLarge.",
+    )
     # --- TLS
-    tls_v1: bool = _opt(False, "bool")
-    tls_root_ca_file: str | None = _opt(None, "str?")
-    tls_cert: str | None = _opt(None, "str?")
-    tls_key: str | None = _opt(None, "str?")
-    tls_insecure_skip_verify: bool = _opt(False, "bool")
-    tls_min_version: str = _opt("TLSv1.2", "str")
-    tls_server_name: str | None = _opt(None, "str?")
-    ssl_context: ssl.SSLContext | None = _opt(None, "ssl", compare=False)
+    tls_v1: bool = _opt(
+        False, "bool", doc="Negotiate TLS with nsqd (IDENTIFY tls_v1); certificates are verified."
+    )
+    tls_root_ca_file: str | None = _opt(
+        None, "str?", doc="CA bundle (PEM) used to verify nsqd's certificate."
+    )
+    tls_cert: str | None = _opt(
+        None,
+        "str?",
+        doc="Client certificate (PEM) for nsqd's --tls-client-auth-policy; needs tls_key.",
+    )
+    tls_key: str | None = _opt(None, "str?", doc="Private key (PEM) of tls_cert.")
+    tls_insecure_skip_verify: bool = _opt(
+        False, "bool", doc="Skip certificate and hostname verification (testing only)."
+    )
+    tls_min_version: str = _opt(
+        "TLSv1.2", "str", choices=_TLS_VERSIONS, doc="Lowest TLS version accepted."
+    )
+    tls_server_name: str | None = _opt(
+        None,
+        "str?",
+        doc="Server name checked against nsqd's certificate (default: the host of its address).",
+    )
+    ssl_context: ssl.SSLContext | None = _opt(
+        None,
+        "ssl",
+        compare=False,
+        doc="A ready ssl.SSLContext used instead of the tls_* options (enables TLS).",
+    )
     # --- compression
-    snappy: bool = _opt(False, "bool")
-    deflate: bool = _opt(False, "bool")
-    deflate_level: int = _opt(6, "int", 1, 9)
+    snappy: bool = _opt(
+        False,
+        "bool",
+        doc="Snappy-compress the connection (needs the snappy extra); not together with deflate.",
+    )
+    deflate: bool = _opt(
+        False, "bool", doc="Deflate-compress the connection (zlib); not together with snappy."
+    )
+    deflate_level: int = _opt(6, "int", 1, 9, doc="Deflate compression level.")
     # --- auth
-    auth_secret: str | None = _opt(None, "str?", repr=False)
+    auth_secret: str | None = _opt(
+        None,
+        "str?",
+        repr=False,
+        doc="Secret sent in AUTH when nsqd requires authentication (never shown in repr).",
+    )
     # --- where (optional: Consumer and Producer also take them as arguments)
-    nsqd_tcp_addresses: tuple[str, ...] = _opt((), "addresses")
-    lookupd_http_addresses: tuple[str, ...] = _opt((), "addresses")
+    nsqd_tcp_addresses: tuple[str, ...] = _opt(
+        (),
+        "addresses",
+        doc="nsqd TCP addresses (host:port) to connect to directly; a list or one comma-separated string.",
+    )
+    lookupd_http_addresses: tuple[str, ...] = _opt(
+        (),
+        "addresses",
+        doc="nsqlookupd HTTP addresses a consumer polls to discover nsqds; a list or one comma-separated string.",
+    )
     # --- consumer
-    max_in_flight: int = _opt(1, "int", 0, 2**31 - 1)
-    max_attempts: int = _opt(5, "int", 0, 65535)
-    lookupd_poll_interval: float = _opt(60.0, "duration", 0.01, 3600.0)
-    lookupd_poll_jitter: float = _opt(0.3, "float", 0.0, 1.0)
-    lookupd_http_timeout: float = _opt(5.0, "duration", 0.01, 300.0)
-    default_requeue_delay: float = _opt(90.0, "duration", 0.0, 3600.0)
-    max_requeue_delay: float = _opt(900.0, "duration", 0.0, 86400.0)
-    backoff_strategy: str = _opt("exponential", "str")
-    max_backoff_duration: float = _opt(120.0, "duration", 0.0, 3600.0)
-    backoff_multiplier: float = _opt(1.0, "duration", 0.0, 3600.0)
-    low_rdy_idle_timeout: float = _opt(10.0, "duration", 0.1, 300.0)
-    rdy_redistribute_interval: float = _opt(5.0, "duration", 0.001, 300.0)
+    max_in_flight: int = _opt(
+        1,
+        "int",
+        0,
+        2**31 - 1,
+        doc="Most messages a consumer holds at once over all its connections (0 starts paused).",
+    )
+    max_attempts: int = _opt(
+        5,
+        "int",
+        0,
+        65535,
+        doc="Deliveries after which a message is given up (giving_up handler, then FIN); 0 never gives up.",
+    )
+    lookupd_poll_interval: float = _opt(
+        60.0, "duration", 0.01, 3600.0, doc="Interval between two polls of every nsqlookupd."
+    )
+    lookupd_poll_jitter: float = _opt(
+        0.3,
+        "float",
+        0.0,
+        1.0,
+        doc="Random fraction of lookupd_poll_interval added to every poll, so consumers do not poll in step.",
+    )
+    lookupd_http_timeout: float = _opt(
+        5.0, "duration", 0.01, 300.0, doc="Timeout of one nsqlookupd HTTP request."
+    )
+    default_requeue_delay: float = _opt(
+        90.0,
+        "duration",
+        0.0,
+        3600.0,
+        doc="Requeue delay after a handler raises, multiplied by the attempt number and capped at max_requeue_delay.",
+    )
+    max_requeue_delay: float = _opt(900.0, "duration", 0.0, 86400.0, doc="Longest requeue delay.")
+    backoff_strategy: str = _opt(
+        "exponential",
+        "str",
+        choices=_BACKOFF_STRATEGIES,
+        doc="How the consumer's backoff time grows with consecutive failures.",
+    )
+    max_backoff_duration: float = _opt(
+        120.0,
+        "duration",
+        0.0,
+        3600.0,
+        doc="Longest backoff after handler failures (0 disables backoff).",
+    )
+    backoff_multiplier: float = _opt(
+        1.0,
+        "duration",
+        0.0,
+        3600.0,
+        doc="Unit of the backoff time (the first step of the strategy); 0 disables backoff.",
+    )
+    low_rdy_idle_timeout: float = _opt(
+        10.0,
+        "duration",
+        0.1,
+        300.0,
+        doc="When max_in_flight < connections, a connection with RDY that received nothing for this long gives its credit to another.",
+    )
+    rdy_redistribute_interval: float = _opt(
+        5.0,
+        "duration",
+        0.001,
+        300.0,
+        doc="How often RDY credit is redistributed when max_in_flight < connections.",
+    )
     # --- producer
-    max_msg_size: int | None = _opt(1024 * 1024, "int?", 1, 2**31 - 1)
-    max_body_size: int | None = _opt(5 * 1024 * 1024, "int?", 1, 2**31 - 1)
-    max_defer: float = _opt(3600.0, "duration", 0.0, 86400.0 * 365)
-    publish_timeout: float = _opt(10.0, "duration", 0.01, 3600.0)
-    reconnect_backoff_max: float = _opt(30.0, "duration", 0.0, 3600.0)
+    max_msg_size: int | None = _opt(
+        1024 * 1024,
+        "int?",
+        1,
+        2**31 - 1,
+        doc="Largest body a producer sends in PUB/DPUB (nsqd's --max-msg-size); bigger raises before sending. None: no check.",
+    )
+    max_body_size: int | None = _opt(
+        5 * 1024 * 1024,
+        "int?",
+        1,
+        2**31 - 1,
+        doc="Largest MPUB payload (nsqd's --max-body-size); bigger raises before sending. None: no check.",
+    )
+    max_defer: float = _opt(
+        3600.0,
+        "duration",
+        0.0,
+        86400.0 * 365,
+        doc="Largest deferred_publish delay (nsqd's --max-req-timeout).",
+    )
+    publish_timeout: float = _opt(
+        10.0,
+        "duration",
+        0.01,
+        3600.0,
+        doc="Default timeout of one publish: connecting, the handshake and the wait for nsqd's OK.",
+    )
+    reconnect_backoff_max: float = _opt(
+        30.0,
+        "duration",
+        0.0,
+        3600.0,
+        doc="Longest wait between two attempts to reconnect to an nsqd.",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -8,6 +8,7 @@ cross-reference, a renamed class, an option without a description) fails the bui
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,33 @@ html_static_path: list[str] = []
 _log = logging.getLogger(__name__)
 
 
-def _architecture_placeholder(app: Sphinx, docname: str, source: list[str]) -> None:
-    # docs/architecture.md includes the repository's ARCHITECTURE.md; until that file exists the
-    # page says so instead of failing the build.
-    if docname == "architecture" and not (ROOT / "ARCHITECTURE.md").exists():
+_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((?!https?:|#|mailto:)([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def _repository_links(text: str) -> str:
+    # ARCHITECTURE.md links files relative to the repository root, as GitHub shows them. Here a
+    # link into docs/ becomes a link to that page; a link to any other repository file (a
+    # module, a test) becomes its path in code, since the site does not hold the source.
+    def fix(m: re.Match[str]) -> str:
+        label, path, anchor = m.group(1), m.group(2), m.group(3) or ""
+        if path.startswith("docs/") and path.endswith(".md"):
+            return f"[{label}]({path[len('docs/'):]}{anchor})"
+        if label.strip("`") == path:
+            return f"`{path}`"
+        return f"{label} (`{path}`)"
+
+    return _LINK.sub(fix, text)
+
+
+def _architecture(app: Sphinx, docname: str, source: list[str]) -> None:
+    # docs/architecture.md is the repository's ARCHITECTURE.md (its mermaid diagrams render
+    # here as on GitHub); until that file exists the page says so instead of failing the build.
+    if docname != "architecture":
+        return
+    path = ROOT / "ARCHITECTURE.md"
+    if path.exists():
+        source[0] = _repository_links(path.read_text(encoding="utf-8"))
+    else:
         _log.info("ARCHITECTURE.md not found: docs/architecture.md shows a placeholder")
         source[0] = "# Architecture\n\nARCHITECTURE.md is not in this checkout yet.\n"
 
@@ -112,6 +136,6 @@ def _resolve_by_suffix(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
-    app.connect("source-read", _architecture_placeholder)
+    app.connect("source-read", _architecture)
     app.connect("missing-reference", _resolve_by_suffix)
     return {"parallel_read_safe": True}

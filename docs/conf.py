@@ -53,16 +53,25 @@ napoleon_use_rtype = False
 # The build is offline (no intersphinx inventories are fetched in CI), so names from the standard
 # library and third-party packages cannot resolve; everything of nsq_sync's own must.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(ssl|datetime|collections|typing|typing_extensions|types|threading|logging"
-     r"|socket|pathlib|os|subprocess|argparse|requests|pytest|_pytest|flask|django|gevent"
-     r"|pyspark|Path|Self|T|Any|Callable|Iterable|Iterator|Mapping|Sequence|Generator"
-     r"|timedelta|SSLContext|Event|Lock)(\..*)?"),
-    (r"py:class", r"(int|float|str|bytes|bool|object|None|list|dict|tuple|set|type|frozenset"
-     r"|BaseException|Exception|ValueError|TypeError|RuntimeError|TimeoutError"
-     r"|FileNotFoundError|ImportError|OSError)"),
+    (
+        r"py:.*",
+        r"(ssl|datetime|collections|typing|typing_extensions|types|threading|logging"
+        r"|socket|pathlib|os|subprocess|argparse|requests|pytest|_pytest|flask|django|gevent"
+        r"|pyspark|Path|Self|T|Any|Callable|Iterable|Iterator|Mapping|Sequence|Generator"
+        r"|timedelta|SSLContext|Event|Lock)(\..*)?",
+    ),
+    (
+        r"py:class",
+        r"(int|float|str|bytes|bool|object|None|list|dict|tuple|set|type|frozenset"
+        r"|BaseException|Exception|ValueError|TypeError|RuntimeError|TimeoutError"
+        r"|FileNotFoundError|ImportError|OSError)",
+    ),
     # Type aliases and private bases that appear in signatures; nothing to link to.
-    (r"py:class", r"(Handler|GiveUpHandler|BatchHandler|Responder|StrPath|Flask"
-     r"|nsq_sync\._http_base\.HTTPClientBase)"),
+    (
+        r"py:class",
+        r"(Handler|GiveUpHandler|BatchHandler|Responder|StrPath|Flask"
+        r"|nsq_sync\._http_base\.HTTPClientBase)",
+    ),
     # napoleon reads "X, Y (404 ``TOPIC_NOT_FOUND``), Z: ..." in a Raises section (and "a, b and
     # c: ..." in Args) as names; the text renders as written.
     (r"py:exc", r"404.*"),
@@ -88,7 +97,7 @@ def _repository_links(text: str) -> str:
     def fix(m: re.Match[str]) -> str:
         label, path, anchor = m.group(1), m.group(2), m.group(3) or ""
         if path.startswith("docs/") and path.endswith(".md"):
-            return f"[{label}]({path[len('docs/'):]}{anchor})"
+            return f"[{label}]({path[len('docs/') :]}{anchor})"
         if label.strip("`") == path:
             return f"`{path}`"
         return f"{label} (`{path}`)"

@@ -10,7 +10,6 @@ import dataclasses
 from typing import Any
 
 from docutils import nodes
-from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
@@ -20,39 +19,72 @@ from nsq_sync import Config
 log = logging.getLogger(__name__)
 
 
-def _default(f: dataclasses.Field[Any]) -> str:
+Cell = list[tuple[str, bool]]  # (text, shown as code)
+
+
+def _default(f: dataclasses.Field[Any]) -> Cell:
     if f.default is not dataclasses.MISSING:
         value = f.default
     elif f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
     else:  # pragma: no cover - every Config option has a default
-        return "(required)"
+        return [("(required)", False)]
     if value == ():
-        return "none"
-    return f"``{value!r}``"
+        return [("none", False)]
+    return [(repr(value), True)]
 
 
-def _range(f: dataclasses.Field[Any]) -> str:
+def _range(f: dataclasses.Field[Any]) -> Cell:
     meta = f.metadata
     if meta.get("choices"):
-        return ", ".join(f"``{c!r}``" for c in meta["choices"])
+        cell: Cell = []
+        for i, choice in enumerate(meta["choices"]):
+            cell += [(", ", False)] if i else []
+            cell.append((repr(choice), True))
+        return cell
     lo, hi = meta.get("min"), meta.get("max")
     if lo is None and hi is None:
-        return ""
+        return []
     unit = " s" if meta["kind"].startswith("duration") else ""
-    return f"{lo:g} – {hi:g}{unit}"
+    return [(f"{_number(lo)} – {_number(hi)}{unit}", False)]
 
 
-def _type(f: dataclasses.Field[Any]) -> str:
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _type(f: dataclasses.Field[Any]) -> Cell:
     kind = f.metadata["kind"]
     if kind.startswith("duration"):
-        text = "seconds (float, timedelta or ``'250ms'``)"
-        return text + " or None" if kind.endswith("?") else text
+        cell: Cell = [("seconds (float, timedelta or ", False), ("'250ms'", True), (")", False)]
+        return cell + [(" or None", False)] if kind.endswith("?") else cell
     if kind == "addresses":
-        return "list of str, or one comma-separated str"
+        return [("list of str, or one comma-separated str", False)]
     if kind == "ssl":
-        return "ssl.SSLContext or None"
-    return f"``{f.type}``"
+        return [("ssl.SSLContext or None", False)]
+    return [(str(f.type), True)]
+
+
+def config_rows() -> list[tuple[str, Cell, Cell, Cell, str]]:
+    """One row per Config option: name, type, default, range or choices, description."""
+    return [
+        (f.name, _type(f), _default(f), _range(f), f.metadata.get("doc", ""))
+        for f in dataclasses.fields(Config)
+    ]
+
+
+def _entry(cell: Cell) -> nodes.entry:
+    para = nodes.paragraph()
+    for text, code in cell:
+        para += nodes.literal(text, text) if code else nodes.Text(text)
+    return nodes.entry("", para)
+
+
+def _row(cells: list[Cell]) -> nodes.row:
+    row = nodes.row()
+    for cell in cells:
+        row += _entry(cell)
+    return row
 
 
 class ConfigOptions(SphinxDirective):
@@ -61,31 +93,26 @@ class ConfigOptions(SphinxDirective):
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        lines = [
-            ".. list-table::",
-            "   :header-rows: 1",
-            "   :widths: 18 18 14 14 36",
-            "",
-            "   * - option",
-            "     - type",
-            "     - default",
-            "     - range / choices",
-            "     - what it does",
-        ]
-        for f in dataclasses.fields(Config):
-            doc = f.metadata.get("doc", "")
+        headers = ["option", "type", "default", "range / choices", "what it does"]
+        table = nodes.table(classes=["nsq-config-options"])
+        group = nodes.tgroup(cols=len(headers))
+        table += group
+        for width in (18, 18, 14, 14, 36):
+            group += nodes.colspec(colwidth=width)
+        head = nodes.thead()
+        head += _row([[(h, False)] for h in headers])
+        body = nodes.tbody()
+        for name, type_, default, range_, doc in config_rows():
             if not doc:
                 log.warning(
                     "Config option %s has no description (add doc= to its field)",
-                    f.name,
+                    name,
                     location=self.get_location(),
                 )
-            cells = [f"``{f.name}``", _type(f), _default(f), _range(f), doc]
-            lines.append(f"   * - {cells[0]}")
-            lines.extend(f"     - {cell}" for cell in cells[1:])
-        container = nodes.container()
-        self.state.nested_parse(StringList(lines, source="nsq_sync.Config"), 0, container)
-        return container.children
+            body += _row([[(name, True)], type_, default, range_, [(doc, False)]])
+        group += head
+        group += body
+        return [table]
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

@@ -454,3 +454,30 @@ def test_snippet(block: Block, nsq_cluster: Any, tmp_path: Path) -> None:
         spec.setup(cluster)
     run = run_snippet(block, spec, cluster, tmp_path)
     spec.check(run)
+
+
+def test_the_configuration_reference_covers_every_option() -> None:
+    """docs/configuration.md's table comes from Config's field metadata: every option has a
+    row with a description, and a range or choices where Config checks one."""
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        from config_options import config_rows
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    from nsq_sync import Config
+
+    rows = {
+        name: (type_, default, range_, doc) for name, type_, default, range_, doc in config_rows()
+    }
+    assert list(rows) == [f.name for f in dataclasses.fields(Config)]
+    assert [name for name, (_, _, _, doc) in rows.items() if not doc] == []
+    assert rows["max_in_flight"][2] == [("0 – 2147483647", False)]
+    assert rows["backoff_strategy"][2] == [
+        ("'exponential'", True),
+        (", ", False),
+        ("'full_jitter'", True),
+    ]
+    with pytest.raises(Exception, match="backoff_strategy"):
+        Config(backoff_strategy="linear")  # the choices shown are the ones Config enforces

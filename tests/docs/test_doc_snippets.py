@@ -266,7 +266,7 @@ def check_consumer_full(run: Run) -> None:
     assert lines_with("handled ", run) == ["order 1 attempt 1", "order 2 attempt 1"], run.describe()
     assert "ConsumerStats(" in run.stdout, run.describe()
     stats = drained(run, "orders", "billing")
-    assert stats["deferred_count"] == 1, stats  # RequeueMessage(delay=5.0): nsqd holds it back
+    assert stats["deferred_count"] == 1, stats  # RequeueMessage(delay=60.0): nsqd holds it back
 
 
 def check_producer_full(run: Run) -> None:

@@ -66,12 +66,10 @@ nitpick_ignore_regex = [
         r"|BaseException|Exception|ValueError|TypeError|RuntimeError|TimeoutError"
         r"|FileNotFoundError|ImportError|OSError)",
     ),
-    # Type aliases and private bases that appear in signatures; nothing to link to.
-    (
-        r"py:class",
-        r"(Handler|GiveUpHandler|BatchHandler|Responder|StrPath|Flask"
-        r"|nsq_sync\._http_base\.HTTPClientBase)",
-    ),
+    # Type aliases that appear in signatures, and private names (a private base class, a private
+    # module): nothing public to link to.
+    (r"py:class", r"(Handler|GiveUpHandler|BatchHandler|Responder|StrPath|Flask)"),
+    (r"py:class", r"nsq_sync(\.\w+)*\._\w+(\.\w+)*"),
     # napoleon reads "X, Y (404 ``TOPIC_NOT_FOUND``), Z: ..." in a Raises section (and "a, b and
     # c: ..." in Args) as names; the text renders as written.
     (r"py:exc", r"404.*"),

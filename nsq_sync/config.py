@@ -132,17 +132,17 @@ def address_list(name: str, value: object) -> tuple[str, ...]:
 
 
 def _opt(
-    default: Any,
-    kind: str,
-    lo: float | None = None,
-    hi: float | None = None,
-    *,
-    doc: str,
-    choices: tuple[str, ...] | None = None,
-    **kw: Any,
+    default: Any, kind: str, lo: float | None = None, hi: float | None = None, **kw: Any
 ) -> Any:
-    # "doc" and "choices" are read by the docs' configuration reference (docs/_ext), not here.
-    meta = {"kind": kind, "min": lo, "max": hi, "doc": doc, "choices": choices}
+    # doc= (what the option does) and choices= are read by the docs' configuration reference
+    # (docs/_ext/config_options.py), which is generated from this metadata.
+    meta = {
+        "kind": kind,
+        "min": lo,
+        "max": hi,
+        "doc": kw.pop("doc"),
+        "choices": kw.pop("choices", None),
+    }
     if "default_factory" in kw:
         return field(default_factory=kw.pop("default_factory"), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)

@@ -66,14 +66,15 @@ nitpick_ignore_regex = [
         r"|BaseException|Exception|ValueError|TypeError|RuntimeError|TimeoutError"
         r"|FileNotFoundError|ImportError|OSError)",
     ),
-    # Type aliases that appear in signatures, and private names (a private base class, a private
+    # Type aliases and internal classes that appear in signatures, and private names (a private base class, a private
     # module): nothing public to link to.
-    (r"py:class", r"(Handler|GiveUpHandler|BatchHandler|Responder|StrPath|Flask)"),
+    (r"py:class", r"(Handler|GiveUpHandler|BatchHandler|Responder|NsqdConnection|StrPath|Flask)"),
     (r"py:class", r"nsq_sync(\.\w+)*\._\w+(\.\w+)*"),
-    # napoleon reads "X, Y (404 ``TOPIC_NOT_FOUND``), Z: ..." in a Raises section (and "a, b and
-    # c: ..." in Args) as names; the text renders as written.
-    (r"py:exc", r"404.*"),
-    (r"py:class", r"runtime and any"),
+    # napoleon reads a Raises entry such as "HTTPAPIError (404 ``TOPIC_NOT_FOUND``)" or an Args
+    # entry such as "runtime and any Config option" as a name; a target with a space in it is
+    # never a Python name, and the text renders as written.
+    (r"py:(exc|class|obj)", r".*\s.*"),
+    (r"py:exc", r"404"),
     # Internal names the dispatch and running module docstrings mention.
     (r"py:(meth|func)", r"(WorkerPool\.submit_many|run_to_end)"),
 ]

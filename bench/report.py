@@ -43,8 +43,31 @@ def row_titles(data: dict[str, Any]) -> dict[str, str]:
             f"{ident.get('output_buffer_timeout_ms')} ms (p50 / p99)"
         )
 
+    scaling: dict[str, str] = {}
+    for k in sorted(
+        int(w.rsplit("_", 1)[1])
+        for w in data.get("results", {})
+        if w.startswith("scaling_") and w.rsplit("_", 1)[1].isdigit() and "idle" not in w
+    ):
+        scaling[f"scaling_{k}"] = (
+            f"consume {_k(s.get('scaling_n', 0))} messages spread over {k} nsqd(s) found through "
+            "one nsqlookupd, FIN each, max_in_flight 2500"
+        )
+    for k in sorted(
+        int(w.rsplit("_", 1)[1])
+        for w in data.get("results", {})
+        if w.startswith("scaling_idle_") and w.rsplit("_", 1)[1].isdigit()
+    ):
+        scaling[f"scaling_idle_{k}"] = (
+            f"idle consumer, {k} nsqd(s) via nsqlookupd: CPU per connection over "
+            f"{s.get('scaling_idle_window_s', 0):g} s"
+        )
     return {
         "consume": f"consume {_k(s.get('consume_n', 0))} pre-filled messages, FIN each, max_in_flight 2500",
+        "consume_cpu": (
+            "CPU per consumed message (process CPU, all threads, from constructing the consumer "
+            "to the N-th message / N)"
+        ),
         "pub": f"publish {_k(s.get('pub_n', 0))} messages one at a time, waiting for each OK",
         "pub_threads": (
             f"publish {_k(s.get('pub_threads_n', 0))} messages from {s.get('threads')} threads "
@@ -62,6 +85,7 @@ def row_titles(data: dict[str, Any]) -> dict[str, str]:
             f"RSS of one consumer with {s.get('rss_nsqds')} connections (one per nsqd); "
             "growth per connection"
         ),
+        **scaling,
     }
 
 
@@ -98,38 +122,88 @@ def _cpu(data: dict[str, Any], workload: str, client: str) -> float | None:
 # targets (BENCHMARKS.md, "Targets for nsq_sync")
 
 
+def _rounds(data: dict[str, Any], workload: str, client: str, key: str) -> list[float | None]:
+    """Every round's ``key`` for a successful result (None where that round failed); a result
+    without rounds (an older json, or a single run) gives its one value."""
+    r = _result(data, workload, client)
+    if r is None or not r.get("ok"):
+        return []
+    # median_run keeps the rounds of the key it ranked by (rate, p99_ms) as "rounds", and
+    # those of the CPU per message as "rounds_cpu_us_per_msg"
+    rounds = r.get("rounds_cpu_us_per_msg" if key == "cpu_us_per_msg" else "rounds")
+    if rounds:
+        return [None if v is None else float(v) for v in rounds]
+    return [] if r.get(key) is None else [float(r[key])]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _paired(a: list[float | None], b: list[float | None]) -> list[float]:
+    """Per-round ratios a/b of the rounds where both were measured; when the lists are not
+    aligned by round (one of them a single value), the ratio of the medians."""
+    if len(a) == len(b):
+        return [x / y for x, y in zip(a, b) if x is not None and y]
+    xa = [x for x in a if x is not None]
+    xb = [y for y in b if y]
+    return [_median(xa) / _median(xb)] if xa and xb else []
+
+
+def _spread(ratios: list[float]) -> str:
+    if len(ratios) < 2:
+        return "one round"
+    return f"median of {len(ratios)} rounds, range {min(ratios):.2f}–{max(ratios):.2f}"
+
+
 def _ratio_target(
     tid: str,
     text: str,
-    a: float | None,
-    b: float | None,
+    a: list[float | None],
+    b: list[float | None],
     threshold: float,
     a_name: str,
     b_name: str,
     fmt: str,
+    lower_is_better: bool = False,
 ) -> dict[str, Any]:
-    if a is None or b is None or b == 0:
-        missing = " and ".join(name for name, v in ((a_name, a), (b_name, b)) if not v)
+    ratios = _paired(a, b)
+    if not ratios:
+        missing = " and ".join(
+            name for name, v in ((a_name, a), (b_name, b)) if not [x for x in v if x]
+        )
         return {"id": tid, "text": text, "met": None, "detail": f"not measured ({missing} missing)"}
-    ratio = a / b
+    ratio = _median(ratios)
+    am = _median([x for x in a if x is not None])
+    bm = _median([x for x in b if x is not None])
     return {
         "id": tid,
         "text": text,
         "value": ratio,
+        "ratios": ratios,
         "threshold": threshold,
-        "met": ratio >= threshold,
-        "detail": f"{ratio:.2f}× ({a_name} {fmt.format(a)} vs {b_name} {fmt.format(b)})",
+        "met": ratio <= threshold if lower_is_better else ratio >= threshold,
+        "detail": (
+            f"{ratio:.2f}× ({_spread(ratios)}; {a_name} {fmt.format(am)} vs {b_name} "
+            f"{fmt.format(bm)}, medians)"
+        ),
     }
 
 
 def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     rate = "{:,.0f} msg/s"
+
+    def rates(workload: str, client: str) -> list[float | None]:
+        return _rounds(data, workload, client, "rate")
+
     t: list[dict[str, Any]] = [
         _ratio_target(
             "consume_vs_nsqpy",
             "consume (threads, FIN each, max_in_flight 2500) ≥ 1.5× nsq-py",
-            _rate(data, "consume", "nsq_sync"),
-            _rate(data, "consume", "nsq-py"),
+            rates("consume", "nsq_sync"),
+            rates("consume", "nsq-py"),
             1.5,
             "nsq_sync",
             "nsq-py",
@@ -137,19 +211,30 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         _ratio_target(
             "consume_vs_bench_reader",
-            "consume (threads) ≥ 0.7× go-nsq bench_reader",
-            _rate(data, "consume", "nsq_sync"),
-            _rate(data, "consume", "go-nsq bench"),
-            0.7,
+            "consume (threads) ≥ 0.9× go-nsq bench_reader",
+            rates("consume", "nsq_sync"),
+            rates("consume", "go-nsq bench"),
+            0.9,
             "nsq_sync",
             "bench_reader",
             rate,
         ),
         _ratio_target(
+            "consume_cpu_vs_nsqpy",
+            "CPU per consumed message (process CPU s / messages) ≤ 0.6× nsq-py's",
+            _rounds(data, "consume", "nsq_sync", "cpu_us_per_msg"),
+            _rounds(data, "consume", "nsq-py", "cpu_us_per_msg"),
+            0.6,
+            "nsq_sync",
+            "nsq-py",
+            "{:.1f} µs/msg",
+            lower_is_better=True,
+        ),
+        _ratio_target(
             "gevent_vs_gnsq",
             "consume under gevent ≥ 5× gnsq",
-            _rate(data, "consume", "nsq_sync-gevent"),
-            _rate(data, "consume", "gnsq"),
+            rates("consume", "nsq_sync-gevent"),
+            rates("consume", "gnsq"),
             5.0,
             "nsq_sync (gevent)",
             "gnsq",
@@ -158,18 +243,28 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         _ratio_target(
             "pub_vs_nsqpy",
             "single-thread synchronous PUB ≥ 1.5× nsq-py",
-            _rate(data, "pub", "nsq_sync"),
-            _rate(data, "pub", "nsq-py"),
+            rates("pub", "nsq_sync"),
+            rates("pub", "nsq-py"),
             1.5,
             "nsq_sync",
             "nsq-py",
             rate,
         ),
         _ratio_target(
+            "pub_vs_raw_socket",
+            "single-thread synchronous PUB ≥ 0.9× a raw-socket PUB loop",
+            rates("pub", "nsq_sync"),
+            rates("pub", "go-nsq bench"),
+            0.9,
+            "nsq_sync",
+            "raw socket",
+            rate,
+        ),
+        _ratio_target(
             "threads_vs_single",
             "8 threads publishing through one Producer ≥ 3× one thread of nsq_sync",
-            _rate(data, "pub_threads", "nsq_sync"),
-            _rate(data, "pub", "nsq_sync"),
+            rates("pub_threads", "nsq_sync"),
+            rates("pub", "nsq_sync"),
             3.0,
             "8 threads",
             "1 thread",
@@ -178,23 +273,14 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         _ratio_target(
             "mpub_vs_nsqpy",
             "MPUB × 200 ≥ 1.0× nsq-py",
-            _rate(data, "mpub", "nsq_sync"),
-            _rate(data, "mpub", "nsq-py"),
+            rates("mpub", "nsq_sync"),
+            rates("mpub", "nsq-py"),
             1.0,
             "nsq_sync",
             "nsq-py",
             rate,
         ),
     ]
-    raw = _rate(data, "pub", "go-nsq bench")
-    mine, nsqpy = _rate(data, "pub", "nsq_sync"), _rate(data, "pub", "nsq-py")
-    if raw and mine and nsqpy:
-        for target in t:
-            if target["id"] == "pub_vs_nsqpy":
-                target["detail"] += (
-                    f"; the round-trip ceiling, a bare socket loop, did {raw:,.0f} msg/s: nsq_sync"
-                    f" at {mine / raw:.2f}× of it, nsq-py at {nsqpy / raw:.2f}×"
-                )
     # idle: lower is better; met when nsq_sync with N connections used no more CPU than pynsq with 1
     mine = _cpu(data, "idle_multi", "nsq_sync")
     theirs = _cpu(data, "idle_1", "pynsq")
@@ -219,37 +305,103 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         )
     for setting in ("default", "low"):
         workload = f"latency_{setting}"
-        mine = _p99(data, workload, "nsq_sync")
-        peers = {p: _p99(data, workload, p) for p in PEERS}
-        measured = {p: v for p, v in peers.items() if v is not None}
+        mine = _rounds(data, workload, "nsq_sync", "p99_ms")
+        peers = {p: _rounds(data, workload, p, "p99_ms") for p in PEERS}
+        peers = {p: v for p, v in peers.items() if v}
         ident = data.get("meta", {}).get("latency_settings", {}).get(setting, {})
         text = (
             f"latency p99 ≤ 0.8× the best peer's (IDENTIFY {ident.get('output_buffer_size')} B / "
             f"{ident.get('output_buffer_timeout_ms')} ms)"
         )
-        if mine is None or not measured:
+        if not mine or not peers:
             t.append({"id": workload, "text": text, "met": None, "detail": "not measured"})
             continue
-        best = min(measured, key=lambda p: measured[p])
-        ratio = mine / measured[best]
+        # the best peer of each round (the lowest p99 measured in that round)
+        best: list[float | None] = []
+        for i in range(len(mine)):
+            values = [v[i] for v in peers.values() if len(v) == len(mine) and v[i] is not None]
+            best.append(min(values) if values else None)
+        if not [b for b in best if b]:
+            best = [min(_median([x for x in v if x is not None]) for v in peers.values())]
+        medians = {p: _median([x for x in v if x is not None] or [0.0]) for p, v in peers.items()}
+        best_peer = min(medians, key=lambda p: medians[p])
         t.append(
+            _ratio_target(
+                workload,
+                text,
+                mine,
+                best,
+                0.8,
+                "nsq_sync p99",
+                f"best peer's p99 (by median: {best_peer})",
+                "{:.2f} ms",
+                lower_is_better=True,
+            )
+        )
+    t += _scaling_targets(data)
+    return t
+
+
+def _scaling_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """1 → most nsqds behind one lookupd: idle CPU per connection flat (no more per connection
+    with many nsqds than with one), and the throughput for context."""
+    ks = sorted(
+        int(w.rsplit("_", 1)[1])
+        for w in data.get("results", {})
+        if w.startswith("scaling_idle_") and w.rsplit("_", 1)[1].isdigit()
+    )
+    if len(ks) < 2:
+        return []
+    low, high = ks[0], ks[-1]
+    out = []
+    for client in ("nsq_sync", "nsq_sync-gevent"):
+        one = _number(data, f"scaling_idle_{low}", client, "cpu_ms_per_connection")
+        many = _number(data, f"scaling_idle_{high}", client, "cpu_ms_per_connection")
+        text = (
+            f"{client}: idle CPU per connection with {high} nsqds (via lookupd) no more than with "
+            f"{low}"
+        )
+        if one is None or many is None:
+            out.append(
+                {
+                    "id": f"scaling_idle_{client}",
+                    "text": text,
+                    "met": None,
+                    "detail": "not measured",
+                }
+            )
+            continue
+        detail = f"{many:.2f} vs {one:.2f} ms CPU per connection over the window"
+        rate_low = _rate(data, f"scaling_{low}", client)
+        rate_high = _rate(data, f"scaling_{high}", client)
+        if rate_low and rate_high:
+            detail += (
+                f"; consume through lookupd: {rate_high:,.0f} msg/s from {high} nsqds vs "
+                f"{rate_low:,.0f} from {low} ({rate_high / rate_low:.2f}×)"
+            )
+        out.append(
             {
-                "id": workload,
+                "id": f"scaling_idle_{client}",
                 "text": text,
-                "value": ratio,
-                "threshold": 0.8,
-                "met": ratio <= 0.8,
-                "detail": (
-                    f"{ratio:.2f}× (nsq_sync p99 {mine:.2f} ms vs best peer {best} "
-                    f"{measured[best]:.2f} ms)"
-                ),
+                "value": many / one if one else None,
+                "threshold": 1.0,
+                "met": many <= one * 1.1,  # 10 % for measuring noise
+                "detail": detail,
             }
         )
-    return t
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Markdown
+
+
+def _range(r: dict[str, Any], fmt: str, scale: float = 1.0) -> str:
+    """`` (lo–hi)`` over the rounds of a result, when there were several."""
+    values = [float(v) / scale for v in r.get("rounds") or [] if v is not None]
+    if len(values) < 2:
+        return ""
+    return f" ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
 def _cell(workload: str, r: dict[str, Any] | None, notes: list[str], client: str) -> str:
@@ -265,7 +417,15 @@ def _cell(workload: str, r: dict[str, Any] | None, notes: list[str], client: str
     if other is not None and other > NOISY_OTHER_PCT and not workload.startswith(("idle", "rss")):
         mark = " †"
     if workload.startswith("latency"):
-        return f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms{mark}"
+        return f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms{_range(r, '{:.2f}')}{mark}"
+    if workload == "consume_cpu":
+        if r.get("cpu_us_per_msg") is None:
+            return "—"
+        values = [v for v in r.get("rounds_cpu_us_per_msg") or [] if v is not None]
+        spread = f" ({min(values):.1f}–{max(values):.1f})" if len(values) > 1 else ""
+        return f"{_median(values or [r['cpu_us_per_msg']]):.1f} µs{spread}"
+    if workload.startswith("scaling_idle"):
+        return f"{r['cpu_ms_per_connection']:.2f} ms/conn ({r['cpu_percent']:.3f} % in all)"
     if workload.startswith("idle"):
         return f"{r['cpu_percent']:.3f} % ({r['cpu_s'] * 1000:.0f} ms)"
     if workload == "rss":
@@ -277,7 +437,7 @@ def _cell(workload: str, r: dict[str, Any] | None, notes: list[str], client: str
         text = f"{rate / 1000:.1f}k msg/s" if rate >= 1000 else f"{rate:.0f} msg/s"
         if r.get("drained"):
             text += " (≥)"
-        return text + mark
+        return text + _range(r, "{:.1f}k", 1000) + mark
     return "ok"
 
 
@@ -316,7 +476,7 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
     lines.append("|" + "---|" * len(header))
     notes: list[str] = []
     for workload, title in titles.items():
-        per = results.get(workload)
+        per = results.get("consume" if workload == "consume_cpu" else workload)
         if not per:
             continue
         cells = [title]

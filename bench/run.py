@@ -37,7 +37,7 @@ from typing import Any
 
 import requests
 
-from nsq_sync.testing import NsqdProcess, find_nsq_binary
+from nsq_sync.testing import NsqdProcess, NsqlookupdProcess, find_nsq_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a file (python bench/run.py): make `bench` importable
@@ -94,6 +94,9 @@ class Sizes:
     rss_settle_s: float
     reader_runfor_s: float
     writer_runfor_s: float
+    scaling_n: int
+    scaling_nsqds: int
+    scaling_idle_window_s: float
 
 
 FULL = Sizes(
@@ -113,6 +116,9 @@ FULL = Sizes(
     rss_settle_s=2.0,
     reader_runfor_s=1.0,
     writer_runfor_s=2.0,
+    scaling_n=100_000,
+    scaling_nsqds=16,
+    scaling_idle_window_s=10.0,
 )
 
 QUICK = Sizes(
@@ -132,6 +138,9 @@ QUICK = Sizes(
     rss_settle_s=0.5,
     reader_runfor_s=0.1,
     writer_runfor_s=0.3,
+    scaling_n=3000,
+    scaling_nsqds=4,
+    scaling_idle_window_s=1.0,
 )
 
 
@@ -191,8 +200,10 @@ WORKLOAD_CLIENTS: dict[str, tuple[str, ...]] = {
     "latency": ("nsq_sync", "nsq_sync-gevent", "pynsq", "gnsq", "nsq-py"),
     "idle": ("nsq_sync", "nsq_sync-gevent", "pynsq", "gnsq", "nsq-py"),
     "rss": ("nsq_sync", "nsq_sync-gevent", "pynsq", "gnsq", "nsq-py"),
+    # nsq_sync only: how it scales with the number of nsqds (found through nsqlookupd)
+    "scaling": ("nsq_sync", "nsq_sync-gevent"),
 }
-WORKLOADS = ("consume", "pub", "pub_threads", "mpub", "latency", "idle", "rss")
+WORKLOADS = ("consume", "pub", "pub_threads", "mpub", "latency", "scaling", "idle", "rss")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,8 +342,8 @@ class CpuWindow:
 class Nsqd:
     """An NsqdProcess plus the HTTP calls the harness needs."""
 
-    def __init__(self, extra_args: list[str]) -> None:
-        self.proc = NsqdProcess(extra_args=extra_args)
+    def __init__(self, extra_args: list[str], lookupds: list[Any] | None = None) -> None:
+        self.proc = NsqdProcess(extra_args=extra_args, lookupd_tcp_addresses=lookupds or ())
         self.http = requests.Session()
         self.http.trust_env = False  # loopback only, never through a proxy
 
@@ -434,7 +445,10 @@ class Nsqd:
         while True:
             ch = self.channel_stats(topic, channel)
             left = sum(int(ch.get(k) or 0) for k in ("depth", "in_flight_count", "deferred_count"))
-            if left == 0 or time.monotonic() >= deadline:
+            # Settled: nothing left, or the client is gone and nsqd requeued what it held (a
+            # consume run leaves the extra messages behind: no need to wait for the timeout).
+            settled = not ch.get("clients") and not int(ch.get("in_flight_count") or 0)
+            if left == 0 or settled or time.monotonic() >= deadline:
                 return left
             time.sleep(0.02)
 
@@ -458,12 +472,17 @@ class Nsqd:
         return {c["channel_name"]: len(c.get("clients") or []) for c in channels}
 
 
-def start_nsqds(count: int, extra_args: list[str]) -> list[Nsqd]:
+def start_nsqds(count: int, extra_args: list[str], lookupds: list[Any] | None = None) -> list[Nsqd]:
     """Start ``count`` nsqds in parallel (each start waits for /ping)."""
-    nsqds = [Nsqd(extra_args) for _ in range(count)]
+    nsqds = [Nsqd(extra_args, lookupds) for _ in range(count)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda n: n.start(), nsqds))
     return nsqds
+
+
+def scaling_steps(most: int) -> list[int]:
+    """The nsqd counts of the scaling workload: 1, 4 and ``most`` (16 in a full run)."""
+    return sorted({1, min(4, most), most})
 
 
 def close_nsqds(nsqds: list[Nsqd]) -> None:
@@ -576,12 +595,26 @@ class Pacer:
 _OPS_RE = re.compile(r"([0-9.]+)ops/s")
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _cpu_per_message(r: dict[str, Any]) -> None:
+    """Process CPU (user + system, every thread) per message, in µs, from a consume run's
+    ``consume_cpu_s`` (CPU from constructing the consumer to the N-th message) and ``count``."""
+    cpu, count = r.get("consume_cpu_s"), r.get("count")
+    if r.get("ok") and cpu is not None and count:
+        r["cpu_us_per_msg"] = 1e6 * float(cpu) / int(count)
+
+
 def run_go_tool(tool: str, args: list[str], timeout: float) -> dict[str, Any]:
     try:
         binary = find_nsq_binary(tool)
     except FileNotFoundError as exc:
         return {"client": GO, "ok": False, "error": f"{tool} not built: {exc}"}
     log = _log_path(f"{tool}")
+    cpu0 = _children_cpu()  # the tool is the only child reaped meanwhile (run() waits for it)
     proc = subprocess.run(
         [binary, *args],
         stdin=subprocess.DEVNULL,
@@ -607,6 +640,7 @@ def run_go_tool(tool: str, args: list[str], timeout: float) -> dict[str, Any]:
         "client": GO,
         "tool": tool,
         "ok": True,
+        "child_cpu_s": _children_cpu() - cpu0,
         "rate": float(match),
         "output": line.strip(),
         "log": _shown(log),
@@ -677,186 +711,239 @@ class Harness:
 
     @staticmethod
     def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+        """The run with the median ``key`` among the successful ones, carrying every round's
+        value (``rounds``, aligned by round: None where a round failed) and their range."""
         good = [r for r in runs if r.get("ok") and r.get(key) is not None]
         if not good:
             return runs[-1]
         good.sort(key=lambda r: r[key])
         chosen = dict(good[(len(good) - 1) // 2])
+        chosen["rounds"] = [r.get(key) if r.get("ok") else None for r in runs]
+        chosen["range"] = [good[0][key], good[-1][key]]
         if len(runs) > 1:
             chosen["runs"] = [r.get(key) for r in runs]
+        for extra in ("cpu_us_per_msg",):
+            chosen[f"rounds_{extra}"] = [r.get(extra) if r.get("ok") else None for r in runs]
         return chosen
+
+    @staticmethod
+    def in_order(items: list[Any], rep: int) -> list[Any]:
+        """Round ``rep``'s order: as given in even rounds, reversed in odd ones, so no client
+        always goes first (or last) on a machine whose load drifts."""
+        return list(items) if rep % 2 == 0 else list(reversed(items))
 
     # -- workloads --------------------------------------------------------------------------------
 
     def consume(self) -> None:
+        runs: dict[str, list[dict[str, Any]]] = {}
+        participants = self.clients_for("consume") + ([GO] if self.go_tools else [])
+        for rep in range(self.repeat):
+            for client in self.in_order(participants, rep):
+                if client == GO:
+                    r = self.bench_reader(rep)
+                else:
+                    r = self.consume_once(client, rep)
+                runs.setdefault(client, []).append(r)
+        for client in participants:
+            self.record("consume", client, self.median_run(runs[client], "rate"))
+
+    def consume_once(self, client: str, rep: int) -> dict[str, Any]:
         s, nsqd = self.sizes, self.nsqd
         assert nsqd is not None
         n = s.consume_n
         channel = "bench"
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for rep in range(self.repeat):
-            for client in self.clients_for("consume"):
-                topic = self.topic(f"consume{rep}", client)
-                nsqd.create_topic(topic)
-                nsqd.create_channel(topic, channel)
-                # More than n: the clock stops at the n-th message while nsqd still has traffic
-                # to send, so nobody waits for nsqd's output-buffer flush timer at the very end.
-                fill = n + CONSUME_EXTRA
-                fill_s = nsqd.fill(topic, fill)
-                depth = nsqd.wait_channel_depth(topic, channel, fill)
-                job: dict[str, Any] = {
-                    "workload": "consume",
-                    "nsqd": nsqd.tcp,
-                    "topic": topic,
-                    "channel": channel,
-                    "n": n,
-                    "max_in_flight": 2500,
-                    "body_size": BODY_SIZE,
-                    "timeout_s": 30 + n / 2000,
-                }
-                r = self.run_worker(client, job, f"consume-{client}-{rep}", job["timeout_s"] + 30)
-                left = nsqd.wait_channel_empty(topic, channel)
-                r["fill_s"] = round(fill_s, 3)
-                r["prefilled"] = depth
-                r["left_in_channel"] = left
-                # Whatever the client received but did not FIN is requeued when it disconnects.
-                r["verified"] = depth == fill and fill - left >= n
-                if r.get("ok") and not r["verified"]:
-                    r["ok"] = False
-                    r["error"] = (
-                        f"channel held {depth} of {fill} messages before the run and {left} "
-                        f"after: fewer than {n} were FINished"
-                    )
-                nsqd.delete_topic(topic)
-                runs.setdefault(client, []).append(r)
-        for client, rs in runs.items():
-            self.record("consume", client, self.median_run(rs, "rate"))
-        if self.go_tools:
-            self.record("consume", GO, self.bench_reader())
+        topic = self.topic(f"consume{rep}", client)
+        nsqd.create_topic(topic)
+        nsqd.create_channel(topic, channel)
+        # More than n: the clock stops at the n-th message while nsqd still has traffic
+        # to send, so nobody waits for nsqd's output-buffer flush timer at the very end.
+        fill = n + CONSUME_EXTRA
+        fill_s = nsqd.fill(topic, fill)
+        depth = nsqd.wait_channel_depth(topic, channel, fill)
+        job: dict[str, Any] = {
+            "workload": "consume",
+            "nsqd": nsqd.tcp,
+            "topic": topic,
+            "channel": channel,
+            "n": n,
+            "max_in_flight": 2500,
+            "body_size": BODY_SIZE,
+            "timeout_s": 30 + n / 2000,
+        }
+        r = self.run_worker(client, job, f"consume-{client}-{rep}", job["timeout_s"] + 30)
+        left = nsqd.wait_channel_empty(topic, channel)
+        r["fill_s"] = round(fill_s, 3)
+        r["prefilled"] = depth
+        r["left_in_channel"] = left
+        _cpu_per_message(r)
+        # Whatever the client received but did not FIN is requeued when it disconnects.
+        r["verified"] = depth == fill and fill - left >= n
+        if r.get("ok") and not r["verified"]:
+            r["ok"] = False
+            r["error"] = (
+                f"channel held {depth} of {fill} messages before the run and {left} "
+                f"after: fewer than {n} were FINished"
+            )
+        nsqd.delete_topic(topic)
+        return r
 
-    def bench_reader(self) -> dict[str, Any]:
+    def bench_reader(self, rep: int) -> dict[str, Any]:
         """go-nsq's bench_reader on a pre-filled topic for --runfor; its rate only means
         something if the topic did not run dry, so a run that (nearly) drained it is redone
         with twice the fill (bounded), and flagged as a lower bound if it still drains."""
         s, nsqd = self.sizes, self.nsqd
         assert nsqd is not None
         fill = max(4 * s.consume_n, 20_000)
-        runs = []
-        for rep in range(self.repeat):
-            for attempt in range(3):
-                topic = self.topic(f"reader{rep}_{attempt}", "go")
-                channel = "bench"
-                nsqd.create_topic(topic)
-                nsqd.create_channel(topic, channel)
-                nsqd.fill(topic, fill)
-                nsqd.wait_channel_depth(topic, channel, fill)
-                window = CpuWindow([nsqd.pid])
-                r = run_go_tool(
-                    "bench_reader",
-                    [
-                        f"--nsqd-tcp-address={nsqd.tcp}",
-                        f"--topic={topic}",
-                        f"--channel={channel}",
-                        f"--size={BODY_SIZE}",
-                        f"--runfor={s.reader_runfor_s}s",
-                        "--rdy=2500",
-                    ],
-                    timeout=s.reader_runfor_s + 60,
-                )
-                r["cpu_window"] = window.close()
-                left = nsqd.wait_channel_empty(topic, channel, timeout=0.3)
-                nsqd.delete_topic(topic)
-                r["prefilled"] = fill
-                r["left_in_channel"] = left
-                # in flight when it stops: up to RDY 2500 on each of its connections
-                r["drained"] = left < max(10_000, fill // 20)
-                if not r["drained"] or not r.get("ok") or fill >= 4_000_000:
-                    break
-                fill *= 2
-            if r["drained"]:
-                r["note"] = "the topic ran dry before --runfor ended: the rate is a lower bound"
-            runs.append(r)
-        return self.median_run(runs, "rate")
+        for attempt in range(3):
+            topic = self.topic(f"reader{rep}_{attempt}", "go")
+            channel = "bench"
+            nsqd.create_topic(topic)
+            nsqd.create_channel(topic, channel)
+            nsqd.fill(topic, fill)
+            nsqd.wait_channel_depth(topic, channel, fill)
+            window = CpuWindow([nsqd.pid])
+            r = run_go_tool(
+                "bench_reader",
+                [
+                    f"--nsqd-tcp-address={nsqd.tcp}",
+                    f"--topic={topic}",
+                    f"--channel={channel}",
+                    f"--size={BODY_SIZE}",
+                    f"--runfor={s.reader_runfor_s}s",
+                    "--rdy=2500",
+                ],
+                timeout=s.reader_runfor_s + 60,
+            )
+            r["cpu_window"] = window.close()
+            left = nsqd.wait_channel_empty(topic, channel, timeout=0.3)
+            nsqd.delete_topic(topic)
+            r["prefilled"] = fill
+            r["left_in_channel"] = left
+            if r.get("ok") and r.get("child_cpu_s") is not None:
+                # CPU of the whole tool (connection set-up included) over what it consumed
+                r["consume_cpu_s"] = r["child_cpu_s"]
+                r["count"] = int(r["rate"] * s.reader_runfor_s)
+                _cpu_per_message(r)
+            # in flight when it stops: up to RDY 2500 on each of its connections
+            r["drained"] = left < max(10_000, fill // 20)
+            if not r["drained"] or not r.get("ok") or fill >= 4_000_000:
+                break
+            fill *= 2
+        if r["drained"]:
+            r["note"] = "the topic ran dry before --runfor ended: the rate is a lower bound"
+        return r
 
-    def _publish_workload(
-        self,
-        workload: str,
-        n: int,
-        extra: dict[str, Any],
-        clients: tuple[str, ...] | None = None,
-    ) -> None:
+    def publish_once(
+        self, workload: str, client: str, n: int, extra: dict[str, Any], rep: int
+    ) -> dict[str, Any]:
         nsqd = self.nsqd
         assert nsqd is not None
-        runs: dict[str, list[dict[str, Any]]] = {}
+        topic = self.topic(f"{workload}{rep}", client)
+        nsqd.create_topic(topic)
+        job: dict[str, Any] = {
+            "workload": workload,
+            "nsqd": nsqd.tcp,
+            "topic": topic,
+            "n": n,
+            "body_size": BODY_SIZE,
+            "timeout_s": 30 + n / (1000 if workload == "pub" else 20_000),
+            **extra,
+        }
+        r = self.run_worker(client, job, f"{workload}-{client}-{rep}", job["timeout_s"] + 30)
+        count = int(nsqd.topic_stats(topic).get("message_count") or 0)
+        expected = (r.get("count") or 0) + int(r.get("warmup_messages") or 0)
+        r["nsqd_message_count"] = count
+        r["verified"] = r.get("ok") is True and count == expected
+        if r.get("ok") and not r["verified"]:
+            r["ok"] = False
+            r["error"] = f"nsqd counted {count} messages, expected {expected}"
+        nsqd.delete_topic(topic)
+        return r
+
+    def publish_rounds(self, entries: list[tuple[str, str, int, dict[str, Any]]]) -> None:
+        """Rounds over ``(workload, client, n, extra)`` entries, in alternating order; each
+        (workload, client) is recorded with its median run and every round's value."""
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for rep in range(self.repeat):
-            for client in self.clients_for(workload) if clients is None else clients:
-                topic = self.topic(f"{workload}{rep}", client)
-                nsqd.create_topic(topic)
-                job: dict[str, Any] = {
-                    "workload": workload,
-                    "nsqd": nsqd.tcp,
-                    "topic": topic,
-                    "n": n,
-                    "body_size": BODY_SIZE,
-                    "timeout_s": 30 + n / (1000 if workload == "pub" else 20_000),
-                    **extra,
-                }
-                r = self.run_worker(
-                    client, job, f"{workload}-{client}-{rep}", job["timeout_s"] + 30
-                )
-                count = int(nsqd.topic_stats(topic).get("message_count") or 0)
-                expected = (r.get("count") or 0) + int(r.get("warmup_messages") or 0)
-                r["nsqd_message_count"] = count
-                r["verified"] = r.get("ok") is True and count == expected
-                if r.get("ok") and not r["verified"]:
-                    r["ok"] = False
-                    r["error"] = f"nsqd counted {count} messages, expected {expected}"
-                nsqd.delete_topic(topic)
-                runs.setdefault(client, []).append(r)
-        for client, rs in runs.items():
+            for workload, client, n, extra in self.in_order(entries, rep):
+                if client == "bench_writer":
+                    r = self.bench_writer(rep)
+                    client = GO
+                else:
+                    r = self.publish_once(workload, client, n, extra, rep)
+                runs.setdefault((workload, client), []).append(r)
+        for (workload, client), rs in runs.items():
             self.record(workload, client, self.median_run(rs, "rate"))
 
     def pub(self) -> None:
-        self._publish_workload("pub", self.sizes.pub_n, {})
-        if self.go_tools:  # the ceilings: a bare socket loop, in the GO column
-            self._publish_workload("pub", self.sizes.pub_n, {}, clients=(GO,))
+        """PUB one at a time (every client and the raw-socket ceiling) and 8 threads through one
+        Producer, in the same rounds: the ratios compare runs made next to each other."""
+        s = self.sizes
+        entries = [("pub", c, s.pub_n, {}) for c in self.clients_for("pub")]
+        if self.go_tools:  # the ceiling: a bare socket loop, in the GO column
+            entries.append(("pub", GO, s.pub_n, {}))
+        if "pub_threads" in self.workloads:
+            n = s.pub_threads_n - s.pub_threads_n % s.threads
+            entries += [
+                ("pub_threads", c, n, {"threads": s.threads})
+                for c in self.clients_for("pub_threads")
+            ]
+        self.publish_rounds(entries)
 
     def pub_threads(self) -> None:
+        if "pub" in self.workloads:
+            return  # measured in pub()'s rounds
         s = self.sizes
         n = s.pub_threads_n - s.pub_threads_n % s.threads
-        self._publish_workload("pub_threads", n, {"threads": s.threads})
+        entries = [
+            ("pub_threads", c, n, {"threads": s.threads}) for c in self.clients_for("pub_threads")
+        ]
+        self.publish_rounds(entries)
 
     def mpub(self) -> None:
         s = self.sizes
         n = s.mpub_n - s.mpub_n % s.batch
-        self._publish_workload("mpub", n, {"batch": s.batch})
+        entries = [("mpub", c, n, {"batch": s.batch}) for c in self.clients_for("mpub")]
         if self.go_tools:
-            self.record("mpub", GO, self.bench_writer())
+            entries.append(("mpub", "bench_writer", n, {}))
+        self.publish_rounds(entries)
 
-    def bench_writer(self) -> dict[str, Any]:
+    def bench_writer(self, rep: int) -> dict[str, Any]:
         s, nsqd = self.sizes, self.nsqd
         assert nsqd is not None
-        runs = []
-        for rep in range(self.repeat):
-            topic = self.topic(f"writer{rep}", "go")
-            window = CpuWindow([nsqd.pid])
-            r = run_go_tool(
-                "bench_writer",
-                [
-                    f"--nsqd-tcp-address={nsqd.tcp}",
-                    f"--topic={topic}",
-                    f"--size={BODY_SIZE}",
-                    f"--batch-size={s.batch}",
-                    f"--runfor={s.writer_runfor_s}s",
-                ],
-                timeout=s.writer_runfor_s + 60,
-            )
-            r["cpu_window"] = window.close()
-            nsqd.delete_topic(topic)
-            runs.append(r)
-        return self.median_run(runs, "rate")
+        topic = self.topic(f"writer{rep}", "go")
+        window = CpuWindow([nsqd.pid])
+        r = run_go_tool(
+            "bench_writer",
+            [
+                f"--nsqd-tcp-address={nsqd.tcp}",
+                f"--topic={topic}",
+                f"--size={BODY_SIZE}",
+                f"--batch-size={s.batch}",
+                f"--runfor={s.writer_runfor_s}s",
+            ],
+            timeout=s.writer_runfor_s + 60,
+        )
+        r["cpu_window"] = window.close()
+        nsqd.delete_topic(topic)
+        return r
 
     def latency(self) -> None:
+        s = self.sizes
+        max_in_flight = 100
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for rep in range(self.repeat):
+            for setting, identify in LATENCY_SETTINGS.items():
+                for client in self.in_order(self.clients_for("latency"), rep):
+                    r = self.latency_once(client, setting, identify, max_in_flight, rep)
+                    runs.setdefault((setting, client), []).append(r)
+        del s
+        for (setting, client), rs in runs.items():
+            self.record(f"latency_{setting}", client, self.median_run(rs, "p99_ms"))
+
+    def latency_once(
+        self, client: str, setting: str, identify: dict[str, Any], max_in_flight: int, rep: int
+    ) -> dict[str, Any]:
         s, nsqd = self.sizes, self.nsqd
         assert nsqd is not None
         channel = "bench"
@@ -865,44 +952,175 @@ class Harness:
         # Extra messages after the measured ones keep traffic flowing until the last measured
         # message has left nsqd's output buffer (see LatencyRecorder in clients/_common.py).
         tail = int(s.latency_rate * LATENCY_TAIL_S)
-        max_in_flight = 100
-        for setting, identify in LATENCY_SETTINGS.items():
-            workload = f"latency_{setting}"
-            for client in self.clients_for("latency"):
-                topic = self.topic(f"lat_{setting}", client)
+        workload = f"latency_{setting}"
+        topic = self.topic(f"lat_{setting}{rep}", client)
+        nsqd.create_topic(topic)
+        nsqd.create_channel(topic, channel)
+        job: dict[str, Any] = {
+            "workload": "latency",
+            "nsqd": nsqd.tcp,
+            "topic": topic,
+            "channel": channel,
+            "expect": expect,
+            "warmup": warmup,
+            "max_in_flight": max_in_flight,
+            "identify": identify,
+            "body_size": BODY_SIZE,
+            "timeout_s": s.latency_s + 25,
+        }
+        window = CpuWindow([nsqd.pid])
+        worker = Worker(CLIENTS[client], job, f"{workload}-{client}-{rep}")
+        # Every client starts at RDY 1 and raises it as messages flow; wait for the first.
+        rdy = nsqd.wait_ready(topic, channel, 1, timeout=10.0)
+        time.sleep(0.2)
+        pacer_result: dict[str, Any] = {}
+        if worker.proc.poll() is None:
+            pacer = Pacer(nsqd.tcp, topic)
+            try:
+                pacer_result = pacer.run(s.latency_rate, expect + tail)
+            finally:
+                pacer.close()
+        r = worker.finish(job["timeout_s"] + 10)
+        r["cpu_window"] = window.close()
+        r["rdy_at_start"] = rdy
+        r["pacer"] = pacer_result
+        r["identify"] = identify
+        nsqd.delete_topic(topic)
+        return r
+
+    def scaling(self) -> None:
+        """1, 4 and 16 nsqds behind one nsqlookupd: consume throughput (the topic spread evenly
+        over the first k nsqds, found through lookupd) and idle CPU per connection."""
+        s = self.sizes
+        steps = scaling_steps(s.scaling_nsqds)
+        per_max = s.scaling_n + CONSUME_EXTRA + 1000
+        self.say(f"starting 1 nsqlookupd and {s.scaling_nsqds} nsqds for the scaling workload")
+        lookupd = NsqlookupdProcess().start()
+        nsqds: list[Nsqd] = []
+        try:
+            # enough memory queue for a whole fill on one nsqd, nothing like the main nsqd's 80 MB
+            nsqds = start_nsqds(
+                s.scaling_nsqds, [f"--mem-queue-size={per_max}", "--log-level=info"], [lookupd]
+            )
+            lookupd_url = lookupd.http_url
+            clients = self.clients_for("scaling")
+            runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+            for rep in range(self.repeat):
+                for k in self.in_order(steps, rep):
+                    for client in self.in_order(clients, rep):
+                        r = self.scaling_consume(client, nsqds[:k], lookupd_url, rep)
+                        runs.setdefault((k, client), []).append(r)
+            for (k, client), rs in sorted(runs.items()):
+                self.record(f"scaling_{k}", client, self.median_run(rs, "rate"))
+            self.scaling_idle(clients, nsqds, steps, lookupd_url)
+        finally:
+            close_nsqds(nsqds)
+            lookupd.close()
+
+    def wait_lookupd(self, url: str, topic: str, want: int, timeout: float = 30.0) -> int:
+        """Wait until nsqlookupd lists ``want`` nsqds for ``topic`` (bounded)."""
+        deadline = time.monotonic() + timeout
+        found = 0
+        with requests.Session() as http:
+            http.trust_env = False
+            while time.monotonic() < deadline:
+                try:
+                    r = http.get(f"{url}/lookup", params={"topic": topic}, timeout=5)
+                    if r.status_code == 200:
+                        data = r.json()
+                        found = len(
+                            data.get("producers") or data.get("data", {}).get("producers") or []
+                        )
+                except (requests.RequestException, ValueError):
+                    pass
+                if found >= want:
+                    break
+                time.sleep(0.05)
+        return found
+
+    def scaling_consume(
+        self, client: str, nsqds: list[Nsqd], lookupd_url: str, rep: int
+    ) -> dict[str, Any]:
+        s = self.sizes
+        k = len(nsqds)
+        n = s.scaling_n
+        channel = "bench"
+        topic = self.topic(f"scale{k}_{rep}", client)
+        per = -(-n // k) + max(200, CONSUME_EXTRA // k)  # every nsqd has traffic at the end
+        for nsqd in nsqds:
+            nsqd.create_topic(topic)
+            nsqd.create_channel(topic, channel)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda x: x.fill(topic, per), nsqds))
+        depth = sum(x.wait_channel_depth(topic, channel, per) for x in nsqds)
+        listed = self.wait_lookupd(lookupd_url, topic, k)
+        job: dict[str, Any] = {
+            "workload": "consume",
+            "lookupd": lookupd_url,
+            "topic": topic,
+            "channel": channel,
+            "n": n,
+            "max_in_flight": 2500,
+            "body_size": BODY_SIZE,
+            "timeout_s": 30 + n / 2000,
+        }
+        window = CpuWindow([x.pid for x in nsqds])
+        worker = Worker(CLIENTS[client], job, f"scaling{k}-{client}-{rep}")
+        r = worker.finish(job["timeout_s"] + 30)
+        r["cpu_window"] = window.close()
+        left = sum(x.wait_channel_empty(topic, channel) for x in nsqds)
+        r.update(nsqds=k, prefilled=depth, left_in_channel=left, lookupd_listed=listed)
+        _cpu_per_message(r)
+        r["verified"] = depth == per * k and depth - left >= n
+        if r.get("ok") and not r["verified"]:
+            r["ok"] = False
+            r["error"] = (
+                f"{k} nsqds held {depth} of {per * k} messages before the run and {left} "
+                f"after: fewer than {n} were FINished"
+            )
+        for x in nsqds:
+            x.delete_topic(topic)
+        return r
+
+    def scaling_idle(
+        self, clients: list[str], nsqds: list[Nsqd], steps: list[int], lookupd_url: str
+    ) -> None:
+        """Idle consumers found through lookupd, one per (client, k), all at once; CPU per
+        connection = CPU over the window / k."""
+        s = self.sizes
+        workers: dict[tuple[str, int], Worker] = {}
+        for k in steps:
+            topic = f"idle_scale{k}_{self.run_id}"
+            for nsqd in nsqds[:k]:
                 nsqd.create_topic(topic)
-                nsqd.create_channel(topic, channel)
+            self.wait_lookupd(lookupd_url, topic, k)
+        window = CpuWindow([n.pid for n in nsqds])
+        for client in clients:
+            for k in steps:
                 job: dict[str, Any] = {
-                    "workload": "latency",
-                    "nsqd": nsqd.tcp,
-                    "topic": topic,
-                    "channel": channel,
-                    "expect": expect,
-                    "warmup": warmup,
-                    "max_in_flight": max_in_flight,
-                    "identify": identify,
-                    "body_size": BODY_SIZE,
-                    "timeout_s": s.latency_s + 25,
+                    "workload": "idle",
+                    "lookupd": lookupd_url,
+                    "nsqds": [n.tcp for n in nsqds[:k]],  # how many connections to wait for
+                    "topic": f"idle_scale{k}_{self.run_id}",
+                    "channel": f"idle_{client.replace('-', '_')}",
+                    "max_in_flight": 100,
+                    "settle_s": s.idle_settle_s,
+                    "window_s": s.scaling_idle_window_s,
                 }
-                window = CpuWindow([nsqd.pid])
-                worker = Worker(CLIENTS[client], job, f"{workload}-{client}")
-                # Every client starts at RDY 1 and raises it as messages flow; wait for the first.
-                rdy = nsqd.wait_ready(topic, channel, 1, timeout=10.0)
-                time.sleep(0.2)
-                pacer_result: dict[str, Any] = {}
-                if worker.proc.poll() is None:
-                    pacer = Pacer(nsqd.tcp, topic)
-                    try:
-                        pacer_result = pacer.run(s.latency_rate, expect + tail)
-                    finally:
-                        pacer.close()
-                r = worker.finish(job["timeout_s"] + 10)
-                r["cpu_window"] = window.close()
-                r["rdy_at_start"] = rdy
-                r["pacer"] = pacer_result
-                r["identify"] = identify
-                nsqd.delete_topic(topic)
-                self.record(workload, client, r)
+                workers[(client, k)] = Worker(CLIENTS[client], job, f"scaling-idle{k}-{client}")
+        batch: dict[str, float] | None = None
+        for (client, k), worker in workers.items():
+            timeout = (
+                s.idle_settle_s + s.scaling_idle_window_s + 40 - (time.monotonic() - worker.started)
+            )
+            r = worker.finish(timeout)
+            if batch is None and all(w.proc.poll() is not None for w in workers.values()):
+                batch = window.close()
+            r["cpu_window"] = batch or window.close()
+            r["nsqds"] = k
+            if r.get("ok") and r.get("cpu_s") is not None:
+                r["cpu_ms_per_connection"] = 1000 * float(r["cpu_s"]) / k
+            self.record(f"scaling_idle_{k}", client, r)
 
     def idle_and_rss(self) -> None:
         s = self.sizes
@@ -1023,6 +1241,7 @@ class Harness:
                 ("pub_threads", self.pub_threads),
                 ("mpub", self.mpub),
                 ("latency", self.latency),
+                ("scaling", self.scaling),
             ]
             for name, step in steps:
                 if name in self.workloads:
@@ -1086,7 +1305,13 @@ class Harness:
 
 def describe(workload: str, r: dict[str, Any]) -> str:
     if "rate" in r and r.get("rate") is not None:
-        return f"{r['rate']:,.0f} msg/s"
+        text = f"{r['rate']:,.0f} msg/s"
+        low_high = r.get("range")
+        if low_high and len([v for v in r.get("rounds") or [] if v is not None]) > 1:
+            text += f" (rounds {low_high[0]:,.0f}–{low_high[1]:,.0f})"
+        if r.get("cpu_us_per_msg") is not None:
+            text += f", {r['cpu_us_per_msg']:.1f} µs CPU/msg"
+        return text
     if "p99_ms" in r:
         return f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms ({r.get('samples')} samples)"
     if "cpu_percent" in r:

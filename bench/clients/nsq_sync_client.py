@@ -39,6 +39,13 @@ def identify_options(job):
     return opts
 
 
+def sources(job):
+    """Where a consumer finds its nsqds: nsqlookupd when the job names one, else the nsqd(s)."""
+    if job.get("lookupd"):
+        return {"lookupd_http_addresses": [job["lookupd"]]}
+    return {"nsqd_tcp_addresses": job.get("nsqds") or [job["nsqd"]]}
+
+
 def runtime_name():
     return "gevent" if GEVENT else "threads"
 
@@ -55,16 +62,18 @@ def run_consume(job, result):
             marks["first"] = time.perf_counter()
         if i == n:
             marks["last"] = time.perf_counter()
+            marks["cpu"] = _common.cpu_seconds()
             done.set()
 
+    cpu0 = _common.cpu_seconds()
     start = time.perf_counter()
     consumer = Consumer(
         job["topic"],
         job["channel"],
         handler,
-        nsqd_tcp_addresses=[job["nsqd"]],
         max_in_flight=job["max_in_flight"],
         concurrency=job.get("concurrency", 1),
+        **sources(job),
         **identify_options(job),
     )
     consumer.start()
@@ -73,6 +82,8 @@ def run_consume(job, result):
     stats = consumer.stats()
     end = marks.get("last", time.perf_counter())
     _common.rate_result(result, n if finished else stats.finished, end - start)
+    if "cpu" in marks:
+        result["consume_cpu_s"] = marks["cpu"] - cpu0
     result.update(
         ok=finished,
         first_message_after_s=marks.get("first", end) - start,
@@ -201,7 +212,7 @@ def run_idle(job, result):
         job["topic"],
         job["channel"],
         lambda message: None,
-        nsqd_tcp_addresses=nsqds,
+        **sources(job),
         max_in_flight=job["max_in_flight"],
         **identify_options(job),
     )

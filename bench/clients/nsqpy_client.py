@@ -88,6 +88,7 @@ def _stop(reader, seconds=0.3):
 
 def run_consume(job, result):
     n = job["n"]
+    cpu0 = _common.cpu_seconds()
     start = time.perf_counter()
     reader = _reader(job, [job["nsqd"]])  # connects, SUB, RDY 1
     deadline = _common.Deadline(job["timeout_s"])
@@ -101,8 +102,10 @@ def run_consume(job, result):
                 if count == 1:
                     first = time.perf_counter()
     end = time.perf_counter()
+    cpu1 = _common.cpu_seconds()
     after = _stop(reader)
     _common.rate_result(result, count, end - start)
+    result["consume_cpu_s"] = cpu1 - cpu0
     result.update(
         ok=count >= n, first_message_after_s=(first or end) - start, finished_after_stop=after
     )

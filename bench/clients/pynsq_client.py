@@ -50,9 +50,11 @@ def run_consume(job, result):
             state["first"] = time.perf_counter()
         if c == n:
             state["last"] = time.perf_counter()
+            state["cpu"] = _common.cpu_seconds()
             stop_after(0.2)  # let the last FINs go out
         return True
 
+    cpu0 = _common.cpu_seconds()
     start = time.perf_counter()
     nsq.Reader(
         topic=job["topic"],
@@ -67,6 +69,8 @@ def run_consume(job, result):
     end = state.get("last", time.perf_counter())
     reached = "last" in state
     _common.rate_result(result, n if reached else state["count"], end - start)
+    if "cpu" in state:
+        result["consume_cpu_s"] = state["cpu"] - cpu0
     result.update(
         ok=reached,
         handled_total=state["count"],  # includes messages handled after the clock stopped

@@ -41,6 +41,9 @@ TINY = dataclasses.replace(
     idle_window_s=0.3,
     rss_nsqds=2,
     rss_settle_s=0.1,
+    scaling_n=300,
+    scaling_nsqds=2,
+    scaling_idle_window_s=0.3,
 )
 
 EXPECTED = (
@@ -53,6 +56,10 @@ EXPECTED = (
     "idle_multi",
     "idle_1",
     "rss",
+    "scaling_1",
+    "scaling_2",
+    "scaling_idle_1",
+    "scaling_idle_2",
 )
 
 
@@ -75,8 +82,19 @@ def test_nsq_sync_worker_runs_every_workload(
     assert results["latency_low"]["nsq_sync"]["samples"] > 0
     assert results["idle_multi"]["nsq_sync"]["connections_seen_by_nsqd"] == TINY.idle_nsqds
     assert results["rss"]["nsq_sync"]["connections"] == TINY.rss_nsqds
+    # the nsqds of the scaling workload are found through nsqlookupd
+    assert results["scaling_2"]["nsq_sync"]["verified"]
+    assert results["scaling_idle_2"]["nsq_sync"]["connections"] == 2
+    assert results["consume"]["nsq_sync"]["cpu_us_per_msg"] > 0
 
     text = bench_report.render_markdown(data, None)
     assert "| workload |" in text
     assert "failed [" not in text
-    assert {t["id"] for t in data["targets"]} >= {"consume_vs_nsqpy", "idle", "latency_low"}
+    assert "CPU per consumed message" in text
+    assert {t["id"] for t in data["targets"]} >= {
+        "consume_vs_nsqpy",
+        "consume_cpu_vs_nsqpy",
+        "idle",
+        "latency_low",
+        "scaling_idle_nsq_sync",
+    }

@@ -339,6 +339,33 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     t += _scaling_targets(data)
+    if any("nsq_sync-base" in per for per in data.get("results", {}).values()):
+        for workload in ("consume", "pub", "pub_threads", "mpub"):
+            t.append(
+                _ratio_target(
+                    f"{workload}_vs_baseline",
+                    f"{workload}: this tree vs the baseline tree (BENCH_BASELINE), same rounds",
+                    rates(workload, "nsq_sync"),
+                    rates(workload, "nsq_sync-base"),
+                    1.0,
+                    "nsq_sync",
+                    "baseline",
+                    rate,
+                )
+            )
+        t.append(
+            _ratio_target(
+                "consume_cpu_vs_baseline",
+                "CPU per consumed message: this tree vs the baseline tree",
+                _rounds(data, "consume", "nsq_sync", "cpu_us_per_msg"),
+                _rounds(data, "consume", "nsq_sync-base", "cpu_us_per_msg"),
+                1.0,
+                "nsq_sync",
+                "baseline",
+                "{:.1f} µs/msg",
+                lower_is_better=True,
+            )
+        )
     return t
 
 
@@ -464,8 +491,11 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
     if png_name:
         lines.append(f"![benchmark chart]({png_name})")
         lines.append("")
+    columns = COLUMNS
+    if any("nsq_sync-base" in per for per in results.values()):  # an A/B run (BENCH_BASELINE)
+        columns = ("nsq_sync", "nsq_sync-base", *COLUMNS[1:])
     header = ["workload"]
-    for c in COLUMNS:
+    for c in columns:
         info = clients.get(c, {})
         if c == "go-nsq bench":
             header.append("ceilings: go-nsq bench tools, raw socket")
@@ -480,7 +510,7 @@ def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
         if not per:
             continue
         cells = [title]
-        for c in COLUMNS:
+        for c in columns:
             r = per.get(c)
             if r is None and c in clients and not clients[c].get("available", True):
                 cells.append("not installed")

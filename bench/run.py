@@ -185,6 +185,17 @@ CLIENTS: dict[str, ClientSpec] = {
     "gnsq": ClientSpec("gnsq", "gnsq_client.py", venv="gnsq", label="gnsq 1.0.2"),
     "nsq-py": ClientSpec("nsq-py", "nsqpy_client.py", venv="nsq-py", label="nsq-py 0.1.12"),
 }
+#: A/B in the same run: BENCH_BASELINE=<a source tree of nsq_sync> (e.g. `git archive main | tar
+#: -x -C /tmp/base`) adds the client "nsq_sync-base", the same worker importing nsq_sync from
+#: that tree, to the throughput workloads (see bench/README.md, "Before/after").
+_BASELINE = os.environ.get("BENCH_BASELINE", "")
+if _BASELINE:
+    CLIENTS["nsq_sync-base"] = ClientSpec(
+        "nsq_sync-base",
+        "nsq_sync_client.py",
+        extra={"import_path": str(Path(_BASELINE).resolve())},
+        label=f"nsq_sync baseline ({_BASELINE})",
+    )
 GO = "go-nsq bench"
 #: the single-thread PUB ceiling (bench/clients/raw_socket_client.py), shown in the GO column
 RAW = ClientSpec("raw-socket", "raw_socket_client.py", label="raw Python socket")
@@ -203,6 +214,9 @@ WORKLOAD_CLIENTS: dict[str, tuple[str, ...]] = {
     # nsq_sync only: how it scales with the number of nsqds (found through nsqlookupd)
     "scaling": ("nsq_sync", "nsq_sync-gevent"),
 }
+if _BASELINE:
+    for _workload in ("consume", "pub", "pub_threads", "mpub", "latency", "scaling"):
+        WORKLOAD_CLIENTS[_workload] += ("nsq_sync-base",)
 WORKLOADS = ("consume", "pub", "pub_threads", "mpub", "latency", "scaling", "idle", "rss")
 
 

@@ -13,6 +13,8 @@ import _common  # noqa: E402
 
 JOB = _common.read_job()
 GEVENT = bool(JOB.get("gevent"))
+if JOB.get("import_path"):  # a baseline source tree to compare with (BENCH_BASELINE)
+    sys.path.insert(0, JOB["import_path"])
 if GEVENT:
     from gevent import monkey
 
@@ -26,6 +28,8 @@ import nsq_sync  # noqa: E402
 from nsq_sync import Consumer, Producer  # noqa: E402
 
 CLIENT = "nsq_sync-gevent" if GEVENT else "nsq_sync"
+if JOB.get("import_path"):
+    CLIENT = "nsq_sync-base"
 
 
 def identify_options(job):
@@ -289,5 +293,11 @@ def run(job, result):
     WORKLOADS[job["workload"]](job, result)
 
 
+def version():
+    if JOB.get("import_path"):  # say which tree was measured
+        return f"{nsq_sync.__version__} from {os.path.dirname(os.path.dirname(nsq_sync.__file__))}"
+    return nsq_sync.__version__
+
+
 if __name__ == "__main__":
-    _common.main(run, CLIENT, lambda: nsq_sync.__version__, job=JOB)
+    _common.main(run, CLIENT, version, job=JOB)

@@ -1468,6 +1468,8 @@ def main(argv: list[str] | None = None) -> int:
         if png:
             shutil.copyfile(png, DOCS_DIR / "benchmarks.png")
         harness.say("published docs/benchmarks.md" + (" and docs/benchmarks.png" if png else ""))
+        if report.update_table(data, DOCS_DIR / "performance.md"):
+            harness.say("updated the table in docs/performance.md")
     print(report.render_markdown(data, None))
     harness.say(f"total {data['meta']['total_s']:.0f} s")
     return 0

@@ -198,6 +198,9 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     def rates(workload: str, client: str) -> list[float | None]:
         return _rounds(data, workload, client, "rate")
 
+    def cpu(client: str) -> list[float | None]:
+        return _rounds(data, "consume", client, "cpu_us_per_msg")
+
     t: list[dict[str, Any]] = [
         _ratio_target(
             "consume_vs_nsqpy",
@@ -222,8 +225,8 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         _ratio_target(
             "consume_cpu_vs_nsqpy",
             "CPU per consumed message (process CPU s / messages) ≤ 0.6× nsq-py's",
-            _rounds(data, "consume", "nsq_sync", "cpu_us_per_msg"),
-            _rounds(data, "consume", "nsq-py", "cpu_us_per_msg"),
+            cpu("nsq_sync"),
+            cpu("nsq-py"),
             0.6,
             "nsq_sync",
             "nsq-py",
@@ -357,8 +360,8 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             _ratio_target(
                 "consume_cpu_vs_baseline",
                 "CPU per consumed message: this tree vs the baseline tree",
-                _rounds(data, "consume", "nsq_sync", "cpu_us_per_msg"),
-                _rounds(data, "consume", "nsq_sync-base", "cpu_us_per_msg"),
+                cpu("nsq_sync"),
+                cpu("nsq_sync-base"),
                 1.0,
                 "nsq_sync",
                 "baseline",

@@ -494,6 +494,20 @@ def start_nsqds(count: int, extra_args: list[str], lookupds: list[Any] | None = 
     return nsqds
 
 
+def consume_job(topic: str, channel: str, n: int, **source: str) -> dict[str, Any]:
+    """A consume job: N messages, FIN each, max_in_flight 2500, from ``nsqd=`` or ``lookupd=``."""
+    return {
+        "workload": "consume",
+        **source,
+        "topic": topic,
+        "channel": channel,
+        "n": n,
+        "max_in_flight": 2500,
+        "body_size": BODY_SIZE,
+        "timeout_s": 30 + n / 2000,
+    }
+
+
 def scaling_steps(most: int) -> list[int]:
     """The nsqd counts of the scaling workload: 1, 4 and ``most`` (16 in a full run)."""
     return sorted({1, min(4, most), most})
@@ -622,7 +636,17 @@ def _cpu_per_message(r: dict[str, Any]) -> None:
         r["cpu_us_per_msg"] = 1e6 * float(cpu) / int(count)
 
 
-def run_go_tool(tool: str, args: list[str], timeout: float) -> dict[str, Any]:
+def run_go_tool(tool: str, nsqd: Nsqd, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run a go-nsq bench tool against ``nsqd`` (its address and the body size are passed
+    here); the result carries its rate, its CPU and the machine's CPU window."""
+    window = CpuWindow([nsqd.pid])
+    args = [f"--nsqd-tcp-address={nsqd.tcp}", f"--size={BODY_SIZE}", *args]
+    result = _run_go_tool(tool, args, timeout)
+    result["cpu_window"] = window.close()
+    return result
+
+
+def _run_go_tool(tool: str, args: list[str], timeout: float) -> dict[str, Any]:
     try:
         binary = find_nsq_binary(tool)
     except FileNotFoundError as exc:
@@ -774,16 +798,7 @@ class Harness:
         fill = n + CONSUME_EXTRA
         fill_s = nsqd.fill(topic, fill)
         depth = nsqd.wait_channel_depth(topic, channel, fill)
-        job: dict[str, Any] = {
-            "workload": "consume",
-            "nsqd": nsqd.tcp,
-            "topic": topic,
-            "channel": channel,
-            "n": n,
-            "max_in_flight": 2500,
-            "body_size": BODY_SIZE,
-            "timeout_s": 30 + n / 2000,
-        }
+        job = consume_job(topic, channel, n, nsqd=nsqd.tcp)
         r = self.run_worker(client, job, f"consume-{client}-{rep}", job["timeout_s"] + 30)
         left = nsqd.wait_channel_empty(topic, channel)
         r["fill_s"] = round(fill_s, 3)
@@ -815,20 +830,17 @@ class Harness:
             nsqd.create_channel(topic, channel)
             nsqd.fill(topic, fill)
             nsqd.wait_channel_depth(topic, channel, fill)
-            window = CpuWindow([nsqd.pid])
             r = run_go_tool(
                 "bench_reader",
+                nsqd,
                 [
-                    f"--nsqd-tcp-address={nsqd.tcp}",
                     f"--topic={topic}",
                     f"--channel={channel}",
-                    f"--size={BODY_SIZE}",
                     f"--runfor={s.reader_runfor_s}s",
                     "--rdy=2500",
                 ],
                 timeout=s.reader_runfor_s + 60,
             )
-            r["cpu_window"] = window.close()
             left = nsqd.wait_channel_empty(topic, channel, timeout=0.3)
             nsqd.delete_topic(topic)
             r["prefilled"] = fill
@@ -926,19 +938,12 @@ class Harness:
         s, nsqd = self.sizes, self.nsqd
         assert nsqd is not None
         topic = self.topic(f"writer{rep}", "go")
-        window = CpuWindow([nsqd.pid])
         r = run_go_tool(
             "bench_writer",
-            [
-                f"--nsqd-tcp-address={nsqd.tcp}",
-                f"--topic={topic}",
-                f"--size={BODY_SIZE}",
-                f"--batch-size={s.batch}",
-                f"--runfor={s.writer_runfor_s}s",
-            ],
+            nsqd,
+            [f"--topic={topic}", f"--batch-size={s.batch}", f"--runfor={s.writer_runfor_s}s"],
             timeout=s.writer_runfor_s + 60,
         )
-        r["cpu_window"] = window.close()
         nsqd.delete_topic(topic)
         return r
 
@@ -1068,16 +1073,7 @@ class Harness:
             list(pool.map(lambda x: x.fill(topic, per), nsqds))
         depth = sum(x.wait_channel_depth(topic, channel, per) for x in nsqds)
         listed = self.wait_lookupd(lookupd_url, topic, k)
-        job: dict[str, Any] = {
-            "workload": "consume",
-            "lookupd": lookupd_url,
-            "topic": topic,
-            "channel": channel,
-            "n": n,
-            "max_in_flight": 2500,
-            "body_size": BODY_SIZE,
-            "timeout_s": 30 + n / 2000,
-        }
+        job = consume_job(topic, channel, n, lookupd=lookupd_url)
         window = CpuWindow([x.pid for x in nsqds])
         worker = Worker(CLIENTS[client], job, f"scaling{k}-{client}-{rep}")
         r = worker.finish(job["timeout_s"] + 30)

@@ -25,14 +25,14 @@ when they change, part 1 says so and skips the layers it cannot reach.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import socket
 import statistics
-import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from nsq_sync import Producer
 from nsq_sync.protocol import commands
@@ -40,7 +40,6 @@ from nsq_sync.testing import NsqdProcess
 
 BODY = b"x" * 200
 TOPIC = "t"
-_U32 = struct.Struct(">l")
 _OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
 
 
@@ -59,14 +58,11 @@ def _measure(loop: Callable[[int], None], n: int) -> tuple[float, float, float]:
 
 
 def _raw_socket(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(b"  V2")
-    identify = json.dumps({"heartbeat_interval": -1, "feature_negotiation": True}).encode()
-    sock.sendall(b"IDENTIFY\n" + _U32.pack(len(identify)) + identify)
-    sock.recv(65536)
+    """The bench's raw-socket ceiling connection (bench/clients/raw_socket_client.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients"))
+    import raw_socket_client
+
+    sock: socket.socket = raw_socket_client._connect(address)
     return sock
 
 

@@ -67,6 +67,20 @@ def summarize(raw: Path, top: int = 25) -> str:
     return "\n".join(out) + "\n"
 
 
+def _py_spy(
+    py_spy: str, rate: int, flags: list[str], fmt: str, out: Path, args: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """``py-spy record`` of ``python args`` (bounded: 180 s)."""
+    command = [py_spy, "record", "-r", str(rate), *flags, "-f", fmt, "-o", str(out)]
+    return subprocess.run(
+        [*command, "--", PYTHON, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
 def run_target(name: str, args: list[str], out: Path, py_spy: str) -> None:
     for mode in ("threads", "gil"):
         # threads: every running thread (a thread blocked in recv() is idle, not sampled);
@@ -76,26 +90,7 @@ def run_target(name: str, args: list[str], out: Path, py_spy: str) -> None:
         raw = base.with_suffix(".raw")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        proc = subprocess.run(
-            [
-                py_spy,
-                "record",
-                "-r",
-                "500",
-                *flags,
-                "-f",
-                "raw",
-                "-o",
-                str(raw),
-                "--",
-                PYTHON,
-                *args,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        proc = _py_spy(py_spy, 500, flags, "raw", raw, args)
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rate = next((ln for ln in proc.stdout.splitlines() if "msg/s" in ln), "no rate printed")
@@ -110,26 +105,7 @@ def run_target(name: str, args: list[str], out: Path, py_spy: str) -> None:
             continue
         (base.with_suffix(".txt")).write_text(header + summarize(raw))
         if mode == "gil":  # one flame graph per target (~200 KB each): where the GIL goes
-            flame = subprocess.run(
-                [
-                    py_spy,
-                    "record",
-                    "-r",
-                    "200",
-                    *flags,
-                    "-f",
-                    "flamegraph",
-                    "-o",
-                    str(base.with_suffix(".svg")),
-                    "--",
-                    PYTHON,
-                    *args,
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
+            flame = _py_spy(py_spy, 200, flags, "flamegraph", base.with_suffix(".svg"), args)
             if flame.returncode != 0:
                 print(f"{name}: no flame graph: {flame.stderr[-300:]}", file=sys.stderr)
         raw.unlink()

@@ -1433,9 +1433,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, f.name) is not None
     }
     sizes = dataclasses.replace(sizes, **overrides)
+    clients = [c for c in args.clients.split(",") if c]
+    if _BASELINE and "nsq_sync-base" not in clients:  # the A/B is what BENCH_BASELINE asks for
+        clients.append("nsq_sync-base")
     harness = Harness(
         sizes,
-        [c for c in args.clients.split(",") if c],
+        clients,
         [w for w in args.workloads.split(",") if w],
         repeat=args.repeat if args.repeat is not None else (1 if args.quick else 3),
         go_tools=not args.no_go,

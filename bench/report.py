@@ -187,7 +187,7 @@ def _ratio_target(
         "met": ratio <= threshold if lower_is_better else ratio >= threshold,
         "detail": (
             f"{ratio:.2f}× ({_spread(ratios)}; {a_name} {fmt.format(am)} vs {b_name} "
-            f"{fmt.format(bm)}, medians)"
+            f"{fmt.format(bm)}{', medians' if len(ratios) > 1 else ''})"
         ),
     }
 

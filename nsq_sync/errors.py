@@ -4,6 +4,22 @@ Every exception raised by nsq_sync derives from :class:`NSQError`. Server error 
 class per ``E_*`` code (:func:`error_from_frame`), each carrying ``fatal`` (nsqd closes the
 connection after it) and ``retriable`` flags.
 
+Naming: the name says who refused.
+
+- **nsqd refused** (an error frame): :class:`ServerError` and one subclass per code, named
+  ``Server`` + the code in CamelCase without ``E_``: ``E_INVALID`` -> :class:`ServerInvalid`,
+  ``E_BAD_BODY`` -> :class:`ServerBadBody`, ``E_BAD_TOPIC`` -> :class:`ServerBadTopic`,
+  ``E_PUB_FAILED`` -> :class:`ServerPubFailed`, ``E_AUTH_ERROR`` -> :class:`ServerAuthError`...
+  (a unit test holds every class to this rule).
+- **nsq_sync refused before sending anything** (bad input): :class:`InvalidName` (topic or
+  channel), :class:`InvalidBody` (a message body or batch), :class:`ConfigError` (an option, an
+  address, a timeout or a delay: every duration goes through :func:`nsq_sync.config.to_seconds`)
+  and :class:`LocalProtocolError` (a command the protocol does not allow). All are ValueErrors.
+
+So ``InvalidBody`` is an empty or oversized body caught locally, while ``ServerBadBody`` is nsqd
+rejecting one. (Before 0.1 was released the server classes were named ``InvalidError``,
+``BadBody``, ``BadTopic``...; they were renamed without aliases, as none was documented.)
+
 Every exception pickles: PySpark and multiprocessing ship exceptions between processes. The rule
 that makes this work is simple: ``self.args`` always holds exactly the constructor's positional
 arguments, so ``BaseException.__reduce__`` rebuilds the object. Extra attributes live in
@@ -15,47 +31,46 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "AuthDisabled",
     "AuthError",
-    "AuthFailed",
-    "AuthFirst",
-    "AuthServerError",
-    "BadBody",
-    "BadChannel",
-    "BadMessage",
-    "BadTopic",
     "ConfigError",
     "ConnectTimeout",
     "ConnectionClosed",
-    "DPubFailed",
-    "FinFailed",
     "FrameTooLarge",
     "HTTPAPIError",
     "HandshakeError",
-    "IdentifyFailed",
     "InvalidBody",
-    "InvalidError",
     "InvalidName",
     "LocalProtocolError",
     "LookupdError",
-    "MPubFailed",
     "NSQConnectionError",
     "NSQError",
-    "NotConnected",
     "ProtocolError",
-    "PubFailed",
     "PublishError",
     "PublishOutcomeUnknown",
     "ReadTimeout",
     "RemoteProtocolError",
-    "ReqFailed",
     "RequeueMessage",
+    "ServerAuthDisabled",
+    "ServerAuthError",
+    "ServerAuthFailed",
+    "ServerAuthFirst",
+    "ServerBadBody",
+    "ServerBadChannel",
+    "ServerBadMessage",
+    "ServerBadTopic",
+    "ServerDPubFailed",
     "ServerError",
+    "ServerFinFailed",
+    "ServerIdentifyFailed",
+    "ServerInvalid",
+    "ServerMPubFailed",
+    "ServerPubFailed",
+    "ServerReqFailed",
+    "ServerSubFailed",
+    "ServerTouchFailed",
+    "ServerUnauthorized",
     "Stopped",
-    "SubFailed",
     "TLSError",
-    "TouchFailed",
-    "Unauthorized",
     "error_from_frame",
 ]
 
@@ -134,10 +149,6 @@ class AuthError(HandshakeError):
     """AUTH could not proceed (nsqd requires it and no ``auth_secret`` was given)."""
 
 
-class NotConnected(NSQConnectionError):
-    """No usable connection to any nsqd."""
-
-
 # --------------------------------------------------------------------------- protocol errors
 
 
@@ -184,89 +195,89 @@ class ServerError(NSQError):
         return f"{self.code} {self.text}".rstrip()
 
 
-class InvalidError(ServerError):
+class ServerInvalid(ServerError):
     code = "E_INVALID"
 
 
-class BadBody(ServerError):
+class ServerBadBody(ServerError):
     code = "E_BAD_BODY"
 
 
-class BadTopic(ServerError):
+class ServerBadTopic(ServerError):
     code = "E_BAD_TOPIC"
 
 
-class BadChannel(ServerError):
+class ServerBadChannel(ServerError):
     code = "E_BAD_CHANNEL"
 
 
-class BadMessage(ServerError):
+class ServerBadMessage(ServerError):
     code = "E_BAD_MESSAGE"
 
 
-class PubFailed(ServerError):
+class ServerPubFailed(ServerError):
     code = "E_PUB_FAILED"
     retriable = True
 
 
-class MPubFailed(ServerError):
+class ServerMPubFailed(ServerError):
     code = "E_MPUB_FAILED"
     retriable = True
 
 
-class DPubFailed(ServerError):
+class ServerDPubFailed(ServerError):
     code = "E_DPUB_FAILED"
     retriable = True
 
 
-class SubFailed(ServerError):
+class ServerSubFailed(ServerError):
     code = "E_SUB_FAILED"
     retriable = True
 
 
-class IdentifyFailed(ServerError):
+class ServerIdentifyFailed(ServerError):
     code = "E_IDENTIFY_FAILED"
 
 
-class AuthFailed(ServerError):
+class ServerAuthFailed(ServerError):
     """nsqd could not reach its auth server, or the auth server failed."""
 
     code = "E_AUTH_FAILED"
     retriable = True
 
 
-class Unauthorized(ServerError):
+class ServerUnauthorized(ServerError):
     """The auth server gave this secret no permission for the topic/channel."""
 
     code = "E_UNAUTHORIZED"
 
 
-class AuthDisabled(ServerError):
+class ServerAuthDisabled(ServerError):
     code = "E_AUTH_DISABLED"
 
 
-class AuthFirst(ServerError):
+class ServerAuthFirst(ServerError):
     code = "E_AUTH_FIRST"
 
 
-class AuthServerError(ServerError):
+class ServerAuthError(ServerError):
     code = "E_AUTH_ERROR"
     retriable = True
 
 
-class FinFailed(ServerError):
+class ServerFinFailed(ServerError):
     """FIN for a message nsqd no longer considers in flight (timed out, or another connection's)."""
 
     code = "E_FIN_FAILED"
     fatal = False
 
 
-class ReqFailed(ServerError):
+class ServerReqFailed(ServerError):
     code = "E_REQ_FAILED"
     fatal = False
 
 
-class TouchFailed(ServerError):
+class ServerTouchFailed(ServerError):
     code = "E_TOUCH_FAILED"
     fatal = False
 
@@ -274,24 +285,24 @@ class TouchFailed(ServerError):
 _BY_CODE: dict[str, type[ServerError]] = {
     cls.code: cls
     for cls in (
-        InvalidError,
-        BadBody,
-        BadTopic,
-        BadChannel,
-        BadMessage,
-        PubFailed,
-        MPubFailed,
-        DPubFailed,
-        SubFailed,
-        IdentifyFailed,
-        AuthFailed,
-        Unauthorized,
-        AuthDisabled,
-        AuthFirst,
-        AuthServerError,
-        FinFailed,
-        ReqFailed,
-        TouchFailed,
+        ServerInvalid,
+        ServerBadBody,
+        ServerBadTopic,
+        ServerBadChannel,
+        ServerBadMessage,
+        ServerPubFailed,
+        ServerMPubFailed,
+        ServerDPubFailed,
+        ServerSubFailed,
+        ServerIdentifyFailed,
+        ServerAuthFailed,
+        ServerUnauthorized,
+        ServerAuthDisabled,
+        ServerAuthFirst,
+        ServerAuthError,
+        ServerFinFailed,
+        ServerReqFailed,
+        ServerTouchFailed,
     )
 }
 

@@ -23,7 +23,7 @@ from support.nsq import Collector, message_count, producer_clients, wait_for
 
 from nsq_sync import Config, NsqdHTTPClient, Producer
 from nsq_sync.connection import NsqdConnection
-from nsq_sync.errors import BadMessage, ConnectionClosed, NSQConnectionError
+from nsq_sync.errors import ConnectionClosed, NSQConnectionError, ServerBadMessage
 from nsq_sync.protocol import commands
 from nsq_sync.testing import NsqdProcess
 
@@ -390,7 +390,7 @@ def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, topic: str) 
     finally:
         conn.close()
         conn.join(10.0)
-    assert isinstance(outcomes["bad"], BadMessage), outcomes
+    assert isinstance(outcomes["bad"], ServerBadMessage), outcomes
     assert "too big" in str(outcomes["bad"])
     others = [e for k, e in outcomes.items() if k != "bad"]
     assert len(others) == 8

@@ -36,8 +36,6 @@ from nsq_sync import Config, NsqdHTTPClient, Producer
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
     AuthError,
-    AuthFailed,
-    BadMessage,
     ConfigError,
     InvalidBody,
     InvalidName,
@@ -45,9 +43,11 @@ from nsq_sync.errors import (
     PublishError,
     PublishOutcomeUnknown,
     RemoteProtocolError,
+    ServerAuthFailed,
+    ServerBadMessage,
+    ServerUnauthorized,
     Stopped,
     TLSError,
-    Unauthorized,
 )
 from nsq_sync.testing import NsqdProcess
 
@@ -237,7 +237,7 @@ def test_auth_bad_secret_is_unauthorized_without_failover(
     guarded = nsqd_factory(f"--auth-http-address={auth_server.address}")
     open_nsqd = nsqd_factory()
     producer = Producer([guarded.tcp_address, open_nsqd.tcp_address], auth_secret="bad")
-    with producer, pytest.raises(Unauthorized) as info:
+    with producer, pytest.raises(ServerUnauthorized) as info:
         producer.publish(topic, b"denied")
     assert info.value.code == "E_UNAUTHORIZED"
     assert "E_UNAUTHORIZED" in str(info.value)
@@ -257,7 +257,7 @@ def test_auth_topic_without_permission(
     allowed = "allowed_" + topic[:50]
     with Producer(server.tcp_address, auth_secret="only-allowed") as producer:
         producer.publish(allowed, b"fine")
-        with pytest.raises(Unauthorized):
+        with pytest.raises(ServerUnauthorized):
             producer.publish(topic, b"not permitted")
         producer.publish(allowed, b"fine again")
     assert message_count(server.http_address, allowed) == 2
@@ -277,14 +277,14 @@ def test_auth_server_failure_is_auth_failed(
         server = nsqd_factory(f"--auth-http-address={auth_server.address}")
         secret = "forbidden"
     conn = NsqdConnection(server.tcp_address, Config(auth_secret=secret))
-    with pytest.raises(AuthFailed) as info:
+    with pytest.raises(ServerAuthFailed) as info:
         conn.connect()
     assert info.value.code == "E_AUTH_FAILED"
     # The auth server may come back: the producer retries until publish_timeout, then reports.
     producer = Producer(server.tcp_address, auth_secret=secret, publish_timeout=1.0)
     with producer, pytest.raises(PublishError) as pub_info:
         producer.publish(topic, b"x")
-    assert isinstance(pub_info.value.reason, AuthFailed)
+    assert isinstance(pub_info.value.reason, ServerAuthFailed)
     assert "E_AUTH_FAILED" in str(pub_info.value)
     assert message_count(server.http_address, topic) == 0
 
@@ -524,7 +524,7 @@ def test_mpub_is_atomic_on_the_server(nsqd_factory: Any, topic: str) -> None:
     """nsqd flags: --max-msg-size=1000 (client-side check disabled with max_msg_size=None)."""
     server = nsqd_factory("--max-msg-size=1000")
     with Producer(server.tcp_address, max_msg_size=None) as producer:
-        with pytest.raises(BadMessage) as info:
+        with pytest.raises(ServerBadMessage) as info:
             producer.multi_publish(topic, [b"a" * 10, b"b" * 999, b"c" * 1001, b"d" * 10])
         assert "too big" in str(info.value)
         assert message_count(server.http_address, topic) == 0  # none of the batch

@@ -18,12 +18,12 @@ import pytest
 import requests
 
 from nsq_sync.errors import (
-    BadMessage,
-    BadTopic,
-    FinFailed,
-    InvalidError,
     RemoteProtocolError,
+    ServerBadMessage,
+    ServerBadTopic,
     ServerError,
+    ServerFinFailed,
+    ServerInvalid,
 )
 from nsq_sync.protocol import (
     EOF,
@@ -301,7 +301,7 @@ def test_pub_over_max_msg_size_is_bad_message(
     conn.handshake()
     conn.send(commands.pub(topic, b"x" * 65))
     exc = conn.error().to_exception()
-    assert isinstance(exc, BadMessage)
+    assert isinstance(exc, ServerBadMessage)
     assert exc.fatal
     conn.expect_closed()
 
@@ -363,7 +363,7 @@ def test_second_fin_fails_without_closing(connect: Connect, topic: str) -> None:
     consumer.send(commands.fin(msg.id))
     consumer.send(commands.fin(msg.id))
     exc = consumer.error().to_exception()
-    assert isinstance(exc, FinFailed)
+    assert isinstance(exc, ServerFinFailed)
     assert exc.fatal is False
     consumer.send(commands.cls())
     assert consumer.response() == b"CLOSE_WAIT"  # still open
@@ -424,7 +424,7 @@ def test_pub_to_a_bad_topic_name_is_fatal(connect: Connect) -> None:
     err = conn.error()
     assert err.code == "E_BAD_TOPIC"
     exc = err.to_exception()
-    assert isinstance(exc, BadTopic)
+    assert isinstance(exc, ServerBadTopic)
     assert exc.fatal
     assert "bad!topic" in exc.text
     conn.expect_closed()
@@ -437,7 +437,7 @@ def test_invalid_command(connect: Connect) -> None:
     err = conn.error()
     assert err.code == "E_INVALID"
     exc = err.to_exception()
-    assert isinstance(exc, InvalidError)
+    assert isinstance(exc, ServerInvalid)
     assert "FOO" in exc.text
     conn.expect_closed()
 
@@ -446,4 +446,4 @@ def test_cls_before_sub_is_invalid(connect: Connect) -> None:
     conn = connect()
     conn.handshake()
     conn.send(commands.cls())
-    assert isinstance(conn.error().to_exception(), InvalidError)
+    assert isinstance(conn.error().to_exception(), ServerInvalid)

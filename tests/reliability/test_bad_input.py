@@ -24,14 +24,14 @@ from support.nsq import free_closed_port, message_count
 
 from nsq_sync import Config, Consumer, NsqdHTTPClient, Producer
 from nsq_sync.errors import (
-    AuthFailed,
     ConfigError,
     InvalidBody,
     InvalidName,
     PublishError,
     RemoteProtocolError,
+    ServerAuthFailed,
+    ServerUnauthorized,
     TLSError,
-    Unauthorized,
 )
 from nsq_sync.testing import NsqdProcess
 
@@ -441,7 +441,7 @@ SERVER_CASES: list[tuple[str, dict[str, Any], str, type[Exception], Any, str, st
         {"auth_secret": "wrong"},
         "tcp",
         PublishError,
-        AuthFailed,
+        ServerAuthFailed,
         r"E_AUTH_FAILED",
         r"cannot connect to nsqd .*: E_AUTH_FAILED",
     ),
@@ -449,7 +449,7 @@ SERVER_CASES: list[tuple[str, dict[str, Any], str, type[Exception], Any, str, st
         "auth secret without permission",
         {"auth_secret": "no-such-grant"},
         "tcp",
-        Unauthorized,
+        ServerUnauthorized,
         None,
         r"^E_UNAUTHORIZED ",
         r"cannot subscribe on nsqd .*: E_UNAUTHORIZED .*configuration error",
@@ -459,7 +459,7 @@ SERVER_CASES: list[tuple[str, dict[str, Any], str, type[Exception], Any, str, st
         {"auth_secret": "good"},
         "tcp",
         PublishError,
-        AuthFailed,
+        ServerAuthFailed,
         r"E_AUTH_FAILED",
         r"cannot connect to nsqd .*: E_AUTH_FAILED",
     ),

@@ -12,46 +12,45 @@ import pytest
 
 from nsq_sync import errors
 from nsq_sync.errors import (
-    AuthDisabled,
     AuthError,
-    AuthFailed,
-    AuthFirst,
-    AuthServerError,
-    BadBody,
-    BadChannel,
-    BadMessage,
-    BadTopic,
     ConfigError,
     ConnectionClosed,
     ConnectTimeout,
-    DPubFailed,
-    FinFailed,
     FrameTooLarge,
     HandshakeError,
     HTTPAPIError,
-    IdentifyFailed,
     InvalidBody,
-    InvalidError,
     InvalidName,
     LocalProtocolError,
     LookupdError,
-    MPubFailed,
-    NotConnected,
     NSQConnectionError,
     NSQError,
     ProtocolError,
-    PubFailed,
     PublishError,
     ReadTimeout,
     RemoteProtocolError,
-    ReqFailed,
     RequeueMessage,
+    ServerAuthDisabled,
+    ServerAuthError,
+    ServerAuthFailed,
+    ServerAuthFirst,
+    ServerBadBody,
+    ServerBadChannel,
+    ServerBadMessage,
+    ServerBadTopic,
+    ServerDPubFailed,
     ServerError,
+    ServerFinFailed,
+    ServerIdentifyFailed,
+    ServerInvalid,
+    ServerMPubFailed,
+    ServerPubFailed,
+    ServerReqFailed,
+    ServerSubFailed,
+    ServerTouchFailed,
+    ServerUnauthorized,
     Stopped,
-    SubFailed,
     TLSError,
-    TouchFailed,
-    Unauthorized,
     error_from_frame,
 )
 
@@ -70,28 +69,35 @@ SERVER_ERRORS = [cls for cls in ALL_CLASSES if issubclass(cls, ServerError)]
 
 #: every code nsqd sends that the module maps to its own class
 CODES = {
-    "E_INVALID": InvalidError,
-    "E_BAD_BODY": BadBody,
-    "E_BAD_TOPIC": BadTopic,
-    "E_BAD_CHANNEL": BadChannel,
-    "E_BAD_MESSAGE": BadMessage,
-    "E_PUB_FAILED": PubFailed,
-    "E_MPUB_FAILED": MPubFailed,
-    "E_DPUB_FAILED": DPubFailed,
-    "E_SUB_FAILED": SubFailed,
-    "E_IDENTIFY_FAILED": IdentifyFailed,
-    "E_AUTH_FAILED": AuthFailed,
-    "E_UNAUTHORIZED": Unauthorized,
-    "E_AUTH_DISABLED": AuthDisabled,
-    "E_AUTH_FIRST": AuthFirst,
-    "E_AUTH_ERROR": AuthServerError,
-    "E_FIN_FAILED": FinFailed,
-    "E_REQ_FAILED": ReqFailed,
-    "E_TOUCH_FAILED": TouchFailed,
+    "E_INVALID": ServerInvalid,
+    "E_BAD_BODY": ServerBadBody,
+    "E_BAD_TOPIC": ServerBadTopic,
+    "E_BAD_CHANNEL": ServerBadChannel,
+    "E_BAD_MESSAGE": ServerBadMessage,
+    "E_PUB_FAILED": ServerPubFailed,
+    "E_MPUB_FAILED": ServerMPubFailed,
+    "E_DPUB_FAILED": ServerDPubFailed,
+    "E_SUB_FAILED": ServerSubFailed,
+    "E_IDENTIFY_FAILED": ServerIdentifyFailed,
+    "E_AUTH_FAILED": ServerAuthFailed,
+    "E_UNAUTHORIZED": ServerUnauthorized,
+    "E_AUTH_DISABLED": ServerAuthDisabled,
+    "E_AUTH_FIRST": ServerAuthFirst,
+    "E_AUTH_ERROR": ServerAuthError,
+    "E_FIN_FAILED": ServerFinFailed,
+    "E_REQ_FAILED": ServerReqFailed,
+    "E_TOUCH_FAILED": ServerTouchFailed,
 }
 
-NON_FATAL = {FinFailed, ReqFailed, TouchFailed}
-RETRIABLE = {PubFailed, MPubFailed, DPubFailed, SubFailed, AuthFailed, AuthServerError}
+NON_FATAL = {ServerFinFailed, ServerReqFailed, ServerTouchFailed}
+RETRIABLE = {
+    ServerPubFailed,
+    ServerMPubFailed,
+    ServerDPubFailed,
+    ServerSubFailed,
+    ServerAuthFailed,
+    ServerAuthError,
+}
 
 
 def _sample(cls: type[BaseException]) -> BaseException:
@@ -105,7 +111,7 @@ def _sample(cls: type[BaseException]) -> BaseException:
     if issubclass(cls, HTTPAPIError):
         return cls("request failed", url="http://127.0.0.1:4151/pub", status=500, body="oops")
     if issubclass(cls, PublishError):
-        return cls("publish failed", reason=PubFailed("E_PUB_FAILED", "disk full"))
+        return cls("publish failed", reason=ServerPubFailed("E_PUB_FAILED", "disk full"))
     if issubclass(cls, RequeueMessage):
         return cls(delay=2.5, backoff=False)
     return cls("something is wrong")
@@ -138,14 +144,14 @@ def test_every_exception_survives_pickle(cls: type[BaseException], protocol: int
 
 
 def test_server_error_attributes_survive_pickle() -> None:
-    copy = _round_trip(BadTopic("E_BAD_TOPIC", 'PUB topic name "x!" is not valid'))
-    assert isinstance(copy, BadTopic)
+    copy = _round_trip(ServerBadTopic("E_BAD_TOPIC", 'PUB topic name "x!" is not valid'))
+    assert isinstance(copy, ServerBadTopic)
     assert copy.code == "E_BAD_TOPIC"
     assert copy.text == 'PUB topic name "x!" is not valid'
     assert copy.fatal is True
     assert copy.retriable is False
-    fin = _round_trip(FinFailed("E_FIN_FAILED", "FIN failed"))
-    assert isinstance(fin, FinFailed)
+    fin = _round_trip(ServerFinFailed("E_FIN_FAILED", "FIN failed"))
+    assert isinstance(fin, ServerFinFailed)
     assert fin.fatal is False
 
 
@@ -201,6 +207,27 @@ def test_code_table_covers_every_server_error_class() -> None:
     assert {cls.code for cls in mapped} == set(CODES)
 
 
+def _server_name(code: str) -> str:
+    words = [w.capitalize() for w in code.removeprefix("E_").split("_")]
+    return "Server" + "".join({"Mpub": "MPub", "Dpub": "DPub"}.get(w, w) for w in words)
+
+
+@pytest.mark.parametrize(("code", "cls"), sorted(CODES.items()))
+def test_server_error_classes_are_named_server_plus_their_code(
+    code: str, cls: type[ServerError]
+) -> None:
+    # The naming rule of the module docstring: a reader tells an error nsqd sent (Server*) from
+    # one nsq_sync raised before sending (InvalidName, InvalidBody, ConfigError) by its name.
+    assert cls.__name__ == _server_name(code)
+    assert cls.__name__ in errors.__all__
+
+
+def test_client_side_validation_errors_are_not_server_errors() -> None:
+    for cls in (InvalidName, InvalidBody, ConfigError, LocalProtocolError):
+        assert not issubclass(cls, ServerError)
+        assert not cls.__name__.startswith("Server")
+
+
 @pytest.mark.parametrize(("code", "cls"), sorted(CODES.items()))
 def test_error_from_frame_maps_each_code(code: str, cls: type[ServerError]) -> None:
     exc = error_from_frame(code.encode() + b" what nsqd said")
@@ -214,7 +241,7 @@ def test_error_from_frame_maps_each_code(code: str, cls: type[ServerError]) -> N
 
 def test_error_from_frame_without_text() -> None:
     exc = error_from_frame(b"E_INVALID")
-    assert type(exc) is InvalidError
+    assert type(exc) is ServerInvalid
     assert exc.text == ""
     assert str(exc) == "E_INVALID"
 
@@ -240,7 +267,7 @@ def test_empty_frame_gets_the_unknown_code() -> None:
 
 
 def test_server_error_defaults_to_its_class_code() -> None:
-    assert BadTopic().code == "E_BAD_TOPIC"
+    assert ServerBadTopic().code == "E_BAD_TOPIC"
     assert ServerError().code == "E_UNKNOWN"
 
 
@@ -278,7 +305,6 @@ def test_connection_errors_do_not_shadow_builtins() -> None:
     ("child", "parent"),
     [
         (ConnectionClosed, NSQConnectionError),
-        (NotConnected, NSQConnectionError),
         (HandshakeError, NSQConnectionError),
         (TLSError, HandshakeError),
         (AuthError, HandshakeError),
@@ -286,8 +312,8 @@ def test_connection_errors_do_not_shadow_builtins() -> None:
         (RemoteProtocolError, ProtocolError),
         (FrameTooLarge, RemoteProtocolError),
         (LookupdError, HTTPAPIError),
-        (BadTopic, ServerError),
-        (FinFailed, ServerError),
+        (ServerBadTopic, ServerError),
+        (ServerFinFailed, ServerError),
     ],
 )
 def test_hierarchy(child: type[Exception], parent: type[Exception]) -> None:
@@ -314,7 +340,7 @@ def test_connection_error_message_names_the_address() -> None:
 
 
 def test_publish_error_message_includes_the_reason() -> None:
-    exc = PublishError("publish failed", reason=PubFailed("E_PUB_FAILED", "exiting"))
+    exc = PublishError("publish failed", reason=ServerPubFailed("E_PUB_FAILED", "exiting"))
     assert "publish failed" in str(exc)
     assert "E_PUB_FAILED" in str(exc)
     assert str(PublishError("publish failed")) == "publish failed"

@@ -9,15 +9,15 @@ import struct
 import pytest
 
 from nsq_sync.errors import (
-    BadTopic,
-    FinFailed,
     FrameTooLarge,
-    InvalidError,
     ProtocolError,
     RemoteProtocolError,
-    ReqFailed,
+    ServerBadTopic,
     ServerError,
-    TouchFailed,
+    ServerFinFailed,
+    ServerInvalid,
+    ServerReqFailed,
+    ServerTouchFailed,
 )
 from nsq_sync.protocol import (
     EOF,
@@ -165,7 +165,7 @@ def test_error_frame(feeder: Feeder) -> None:
     assert isinstance(event, ErrorFrame)
     assert event.code == "E_BAD_TOPIC"
     exc = event.to_exception()
-    assert type(exc) is BadTopic
+    assert type(exc) is ServerBadTopic
     assert exc.fatal is True
     assert exc.code == "E_BAD_TOPIC"
     assert exc.text == 'PUB topic name "bad!topic" is not valid'
@@ -174,10 +174,10 @@ def test_error_frame(feeder: Feeder) -> None:
 @pytest.mark.parametrize(
     ("data", "cls", "fatal"),
     [
-        (b"E_FIN_FAILED FIN 0a1b2c3d4e5f6789 failed", FinFailed, False),
-        (b"E_REQ_FAILED REQ 0a1b2c3d4e5f6789 failed", ReqFailed, False),
-        (b"E_TOUCH_FAILED TOUCH 0a1b2c3d4e5f6789 failed", TouchFailed, False),
-        (b"E_INVALID invalid command FOO", InvalidError, True),
+        (b"E_FIN_FAILED FIN 0a1b2c3d4e5f6789 failed", ServerFinFailed, False),
+        (b"E_REQ_FAILED REQ 0a1b2c3d4e5f6789 failed", ServerReqFailed, False),
+        (b"E_TOUCH_FAILED TOUCH 0a1b2c3d4e5f6789 failed", ServerTouchFailed, False),
+        (b"E_INVALID invalid command FOO", ServerInvalid, True),
         (b"E_BAD_PROTOCOL", ServerError, True),
     ],
 )

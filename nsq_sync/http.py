@@ -8,7 +8,7 @@ nsqd v1.3.0 behaviour this client relies on (checked against the real server):
 
 - Success is a 2xx status. Errors are a 4xx/5xx status with a JSON body ``{"message": "CODE"}``
   (``TOPIC_NOT_FOUND``, ``INVALID_DEFER``, ``MSG_TOO_BIG``...), which the raised error carries.
-- There is no ``/dpub`` endpoint; a deferred publish is ``POST /pub?topic=..&defer=<ms>`` with an
+- There is no ``/dpub`` endpoint; a deferred publish (``delay=``) is ``POST /pub?topic=..&defer=<ms>`` with an
   integer number of milliseconds between 0 and nsqd's ``--max-req-timeout`` (1 h by default).
 - ``/channel/create`` and every channel operation need the topic to exist already (404
   ``TOPIC_NOT_FOUND``); creating an existing topic or channel succeeds.
@@ -19,7 +19,6 @@ nsqd v1.3.0 behaviour this client relies on (checked against the real server):
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -27,29 +26,14 @@ from typing import Any
 import requests
 
 from nsq_sync._http_base import DEFAULT_TIMEOUT, HTTPClientBase
-from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody, LocalProtocolError
-from nsq_sync.protocol.commands import Body, to_body
+from nsq_sync.config import to_seconds
+from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody
+from nsq_sync.protocol.commands import Body, to_body, to_ms
 from nsq_sync.protocol.names import validate_channel, validate_topic
 
 __all__ = ["NsqdHTTPClient"]
 
 _U32 = struct.Struct(">I")
-_MAX_DEFER_MS = 2**31 - 1
-
-
-def _defer_ms(seconds: object) -> int:
-    """Seconds -> the integer milliseconds nsqd's ``defer`` parameter takes.
-
-    Same rules (and exception) as the TCP ``DPUB`` encoder, so both paths reject the same input.
-    """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise LocalProtocolError(f"defer must be a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise LocalProtocolError(f"defer must be a finite number of seconds >= 0, got {seconds!r}")
-    ms = int(round(seconds * 1000))
-    if ms > _MAX_DEFER_MS:
-        raise LocalProtocolError(f"defer of {seconds} s is too long")
-    return ms
 
 
 def _bodies(bodies: Iterable[Body], *, binary: bool) -> list[bytes]:
@@ -243,32 +227,33 @@ class NsqdHTTPClient(HTTPClientBase):
 
     # ------------------------------------------------------------------ publishing
 
-    def pub(self, topic: str, body: Body, defer: float | None = None) -> None:
+    def pub(self, topic: str, body: Body, delay: float | None = None) -> None:
         """Publish one message (``POST /pub``), creating the topic if needed.
 
         Args:
             topic: the topic.
             body: non-empty bytes or str (encoded as UTF-8).
-            defer: seconds before the message becomes visible to consumers; None or 0 for now.
-                Sent as whole milliseconds; nsqd rejects more than its ``--max-req-timeout``
-                (1 h by default) with 400 ``INVALID_DEFER``.
+            delay: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) before the
+                message becomes visible to consumers; None or 0 for now. Sent as nsqd's
+                ``defer`` parameter in whole milliseconds; nsqd rejects more than its
+                ``--max-req-timeout`` (1 h by default) with 400 ``INVALID_DEFER``.
 
         Raises:
             InvalidName: a bad topic name (nothing is sent).
             InvalidBody: an empty body or one that is not bytes/str (nothing is sent).
-            LocalProtocolError: a negative, non-finite or non-numeric ``defer`` (nothing is sent).
+            ConfigError: a negative, non-finite or non-duration ``delay`` (nothing is sent).
             HTTPAPIError: no answer, or nsqd refused (e.g. 413 ``MSG_TOO_BIG``).
             Stopped: the client is closed.
         """
         params = {"topic": validate_topic(topic)}
         data = to_body(body)
-        if defer is not None:
-            params["defer"] = str(_defer_ms(defer))
+        if delay is not None:
+            params["defer"] = str(to_ms(to_seconds(delay, "delay")))
         self._request("POST", "/pub", params, data)
 
     def dpub(self, topic: str, body: Body, delay: float) -> None:
-        """Deferred publish: :meth:`pub` with ``defer=delay`` (seconds). Raises as :meth:`pub`."""
-        self.pub(topic, body, defer=delay)
+        """Deferred publish: :meth:`pub` with ``delay`` (seconds). Raises as :meth:`pub`."""
+        self.pub(topic, body, delay)
 
     def mpub(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> None:
         """Publish several messages atomically (``POST /mpub``), creating the topic if needed.

@@ -209,17 +209,17 @@ class Producer:
     def deferred_publish(
         self, topic: str, body: Body, delay: float, *, timeout: float | None = None
     ) -> None:
-        """DPUB: nsqd delivers the message after ``delay`` seconds. Thread-safe.
+        """DPUB: nsqd delivers the message after ``delay`` seconds (or a
+        :class:`datetime.timedelta`, or ``"250ms"``). Thread-safe.
 
         Raises:
-            ConfigError: ``delay`` negative, not finite, or over ``max_defer``; nothing is sent.
+            ConfigError: ``delay`` not a duration, negative, not finite, or over ``max_defer``;
+                nothing is sent.
             InvalidName, InvalidBody, ServerError, PublishError, PublishOutcomeUnknown, Stopped:
                 as :meth:`publish`.
         """
-        delay = to_seconds(
-            delay, "deferred publish delay", maximum=self.config.max_defer, maximum_name="max_defer"
-        )
-        data = commands.dpub(topic, delay, body)
+        delay = to_seconds(delay, "delay", maximum=self.config.max_defer, maximum_name="max_defer")
+        data = commands.dpub(topic, body, delay)
         self._check_size(len(commands.to_body(body)), None)
         self._publish(data, timeout)
 

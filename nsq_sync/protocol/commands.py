@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
-from nsq_sync.errors import InvalidBody, LocalProtocolError
+from nsq_sync.errors import ConfigError, InvalidBody, LocalProtocolError
 from nsq_sync.protocol.constants import MAGIC_V2, MESSAGE_ID_SIZE
 from nsq_sync.protocol.names import validate_channel, validate_topic
 
@@ -21,6 +21,7 @@ Body = Union[bytes, bytearray, memoryview, str]
 
 _U32 = struct.Struct(">I")
 _MAX_RDY = 2**31 - 1
+_MAX_MS = 2**31 - 1  # the largest millisecond count written (an int32, 24.8 days)
 
 NOP = b"NOP\n"
 CLS = b"CLS\n"
@@ -65,14 +66,23 @@ def to_bodies(bodies: Iterable[Body]) -> list[bytes]:
     return [to_body(b, index=i) for i, b in enumerate(datas)]
 
 
-def _ms(seconds: float, what: str) -> int:
+def to_ms(seconds: float, name: str = "delay") -> int:
+    """Seconds as the whole milliseconds nsqd takes (DPUB, REQ, the HTTP ``defer`` parameter).
+
+    Public callers validate durations with :func:`nsq_sync.config.to_seconds` first; this keeps
+    the encoders safe for direct use and raises the same exception for the same mistake.
+
+    Raises:
+        ConfigError: not a number, not finite, negative, or over 2**31-1 ms (24.8 days); the
+            message names ``name`` and the value.
+    """
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise LocalProtocolError(f"{what} must be a number of seconds, got {seconds!r}")
+        raise ConfigError(f"{name} must be a number of seconds, got {seconds!r}")
     if not math.isfinite(seconds) or seconds < 0:
-        raise LocalProtocolError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
+        raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {seconds!r}")
     ms = int(round(seconds * 1000))
-    if ms > 2**31 - 1:
-        raise LocalProtocolError(f"{what} of {seconds} s is too long")
+    if ms > _MAX_MS:
+        raise ConfigError(f"{name} must be at most {_MAX_MS / 1000} s, got {seconds!r}")
     return ms
 
 
@@ -168,15 +178,16 @@ def mpub_checked(topic: str, datas: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def dpub(topic: str, delay: float, body: Body) -> bytes:
-    """``DPUB <topic> <defer_ms>`` + one body; ``delay`` in seconds.
+def dpub(topic: str, body: Body, delay: float) -> bytes:
+    """``DPUB <topic> <defer_ms>`` + one body; ``delay`` in seconds. The arguments come in the
+    order of :meth:`nsq_sync.Producer.deferred_publish`.
 
     Raises:
-        InvalidName, InvalidBody, LocalProtocolError (negative or non-finite delay).
+        InvalidName, InvalidBody, ConfigError (a negative, non-finite or non-numeric delay).
     """
     t = validate_topic(topic)
-    ms = _ms(delay, "deferred publish delay")
     data = to_body(body)
+    ms = to_ms(delay)
     return b"DPUB %s %d\n" % (t.encode("ascii"), ms) + _U32.pack(len(data)) + data
 
 
@@ -193,8 +204,12 @@ def fin(message_id: bytes) -> bytes:
 
 
 def req(message_id: bytes, delay: float) -> bytes:
-    """``REQ <id> <timeout_ms>``; ``delay`` in seconds (0 requeues at once)."""
-    return b"REQ %s %d\n" % (_msg_id(message_id), _ms(delay, "requeue delay"))
+    """``REQ <id> <timeout_ms>``; ``delay`` in seconds (0 requeues at once).
+
+    Raises:
+        LocalProtocolError (a malformed id), ConfigError (a bad delay, as :func:`to_ms`).
+    """
+    return b"REQ %s %d\n" % (_msg_id(message_id), to_ms(delay, "requeue delay"))
 
 
 def touch(message_id: bytes) -> bytes:

@@ -329,7 +329,7 @@ def test_pipelined_requests_from_many_threads(
                 if i % 10 == 1:
                     data = commands.mpub(t, [b"%d-%d-a" % (n, i), b"%d-%d-b" % (n, i)])
                 elif i % 10 == 2:
-                    data = commands.dpub(t, 60.0, b"%d-%d" % (n, i))
+                    data = commands.dpub(t, b"%d-%d" % (n, i), 60.0)
                 else:
                     data = commands.pub(t, b"%d-%d" % (n, i))
                 answers[n].append(raw_conn.request(data, timeout=30.0))

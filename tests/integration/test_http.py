@@ -154,7 +154,7 @@ def test_pub_without_channel_counts_in_the_topic(client: NsqdHTTPClient, topic: 
 
 def test_pub_reaches_the_channel(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
     client.pub(topic, b"\x00binary\nbody\xff")
-    client.pub(topic, b"x", defer=0)  # no delay
+    client.pub(topic, b"x", delay=0)  # no delay
     client.pub(topic, bytearray(b"y"))
     client.pub(topic, memoryview(b"z"))
     assert client.depth(topic, channel_of) == 4
@@ -163,7 +163,7 @@ def test_pub_reaches_the_channel(client: NsqdHTTPClient, topic: str, channel_of:
 
 def test_dpub_is_deferred(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
     client.dpub(topic, b"later", 60.0)
-    client.pub(topic, b"later too", defer=1.5)  # fractional seconds -> 1500 ms
+    client.pub(topic, b"later too", delay=1.5)  # fractional seconds -> 1500 ms
     client.pub(topic, b"now")
     stats = client.channel_stats(topic, channel_of)
     assert stats is not None

@@ -280,7 +280,7 @@ def test_dpub_is_deferred_on_the_channel(nsqd: Any, connect: Connect, topic: str
         requests.post(f"{nsqd.http_url}{path}", params=params, timeout=TIMEOUT).raise_for_status()
     conn = connect()
     conn.handshake()
-    conn.send(commands.dpub(topic, 60.0, b"later"))
+    conn.send(commands.dpub(topic, b"later", 60.0))
     assert conn.response() == b"OK"
 
     def deferred() -> bool:

@@ -8,7 +8,7 @@ import ssl
 import pytest
 
 from nsq_sync import __version__
-from nsq_sync.config import Config, parse_duration
+from nsq_sync.config import Config, parse_duration, to_seconds
 from nsq_sync.errors import ConfigError
 
 # --------------------------------------------------------------------------- defaults
@@ -402,3 +402,39 @@ def test_replace_without_changes_is_equal() -> None:
 
 def test_auth_secret_is_not_in_repr() -> None:
     assert "s3cret" not in repr(Config(auth_secret="s3cret"))
+
+
+# ----------------------------------------------------------------------------- delays, everywhere
+
+
+@pytest.mark.parametrize("delay", [-1, float("nan"), float("inf"), "soon", True, b"1"])
+def test_a_bad_delay_raises_config_error_everywhere_naming_it(delay: object) -> None:
+    """One name (delay), one unit (seconds, timedelta or "250ms") and one exception for every
+    delay a public method takes, raised before anything is sent (no server is running here)."""
+    from nsq_sync import Message, NsqdHTTPClient, Producer
+    from nsq_sync.protocol import commands
+
+    calls = {
+        "Producer.deferred_publish": lambda: Producer("127.0.0.1:1").deferred_publish(
+            "t", b"x", delay=delay
+        ),
+        "NsqdHTTPClient.pub": lambda: NsqdHTTPClient("127.0.0.1:1").pub("t", b"x", delay=delay),
+        "NsqdHTTPClient.dpub": lambda: NsqdHTTPClient("127.0.0.1:1").dpub("t", b"x", delay),
+        "Message.requeue": lambda: Message(b"0" * 16, b"x", 0, 1).requeue(delay=delay),
+    }
+    if not isinstance(delay, str):  # the encoders take seconds only (public methods convert)
+        calls["commands.dpub"] = lambda: commands.dpub("t", b"x", delay)  # type: ignore[arg-type]
+    for where, call in calls.items():
+        with pytest.raises(ConfigError, match="delay") as info:
+            call()
+        assert repr(delay) in str(info.value), where
+
+
+def test_delays_take_seconds_timedeltas_and_duration_strings_alike() -> None:
+    import datetime
+
+    from nsq_sync.protocol import commands
+
+    for delay in (1.5, datetime.timedelta(milliseconds=1500), "1500ms"):
+        seconds = to_seconds(delay, "delay")
+        assert commands.dpub("t", b"x", seconds).startswith(b"DPUB t 1500\n")

@@ -23,7 +23,6 @@ from nsq_sync.errors import (
     HTTPAPIError,
     InvalidBody,
     InvalidName,
-    LocalProtocolError,
     LookupdError,
     Stopped,
 )
@@ -269,7 +268,7 @@ def test_valid_calls_on_a_closed_client_raise_stopped(
 ) -> None:
     # The control for the tests above: valid input does reach the (closed) request path.
     with pytest.raises(Stopped):
-        closed_nsqd.pub("t", b"x", defer=1.5)
+        closed_nsqd.pub("t", b"x", delay=1.5)
     with pytest.raises(Stopped):
         closed_nsqd.mpub("t", ["a", "b"], binary=False)
     with pytest.raises(Stopped):
@@ -307,12 +306,14 @@ def test_bad_mpub_is_rejected_before_any_request(
         closed_nsqd.mpub("t", bodies, binary=binary)
 
 
-@pytest.mark.parametrize("defer", [-0.001, -1, float("nan"), float("inf"), "1", True, 3e6])
-def test_bad_defer_is_rejected_before_any_request(closed_nsqd: NsqdHTTPClient, defer: Any) -> None:
-    with pytest.raises(LocalProtocolError, match="defer"):
-        closed_nsqd.pub("t", b"x", defer=defer)
-    with pytest.raises(LocalProtocolError, match="defer"):
-        closed_nsqd.dpub("t", b"x", defer)
+@pytest.mark.parametrize("delay", [-0.001, -1, float("nan"), float("inf"), "soon", True, 3e6])
+def test_bad_delay_is_rejected_before_any_request(closed_nsqd: NsqdHTTPClient, delay: Any) -> None:
+    # The same exception as Producer.deferred_publish and Message.requeue (config.to_seconds).
+    with pytest.raises(ConfigError, match="delay") as info:
+        closed_nsqd.pub("t", b"x", delay=delay)
+    assert repr(delay) in str(info.value)
+    with pytest.raises(ConfigError, match="delay"):
+        closed_nsqd.dpub("t", b"x", delay)
 
 
 def test_stats_channel_needs_topic(closed_nsqd: NsqdHTTPClient) -> None:

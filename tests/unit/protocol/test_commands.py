@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from nsq_sync.errors import InvalidBody, InvalidName, LocalProtocolError, NSQError
+from nsq_sync.errors import ConfigError, InvalidBody, InvalidName, LocalProtocolError, NSQError
 from nsq_sync.protocol import commands, validate_channel, validate_topic
 
 MSG_ID = b"0a1b2c3d4e5f6789"
@@ -139,7 +139,7 @@ def test_mpub_accepts_a_generator_and_str_bodies() -> None:
     ],
 )
 def test_dpub_converts_float_seconds_to_milliseconds(delay: float, ms: bytes) -> None:
-    assert commands.dpub("test", delay, b"hi") == b"DPUB test " + ms + b"\n\x00\x00\x00\x02hi"
+    assert commands.dpub("test", b"hi", delay) == b"DPUB test " + ms + b"\n\x00\x00\x00\x02hi"
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,7 @@ def test_bad_topic_is_rejected_naming_the_topic(name: str) -> None:
     for encode in (
         lambda: commands.pub(name, b"x"),
         lambda: commands.mpub(name, [b"x"]),
-        lambda: commands.dpub(name, 1.0, b"x"),
+        lambda: commands.dpub(name, b"x", 1.0),
         lambda: commands.sub(name, "channel"),
     ):
         with pytest.raises(InvalidName) as info:
@@ -276,7 +276,7 @@ def test_empty_body_is_rejected(body: object) -> None:
     with pytest.raises(InvalidBody, match="message body is empty"):
         commands.pub("test", body)  # type: ignore[arg-type]
     with pytest.raises(InvalidBody, match="message body is empty"):
-        commands.dpub("test", 1, body)  # type: ignore[arg-type]
+        commands.dpub("test", body, 1)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("body", [None, 42, 1.5, [b"x"], {"a": 1}])
@@ -318,30 +318,30 @@ def test_body_errors_are_value_errors() -> None:
 
 @pytest.mark.parametrize("delay", [-1, -0.001, float("nan"), float("inf"), float("-inf")])
 def test_dpub_rejects_negative_or_non_finite_delays(delay: float) -> None:
-    with pytest.raises(LocalProtocolError, match="deferred publish delay") as info:
-        commands.dpub("test", delay, b"x")
+    with pytest.raises(ConfigError, match="delay") as info:
+        commands.dpub("test", b"x", delay)
     assert repr(delay) in str(info.value)
 
 
 @pytest.mark.parametrize("delay", [-1, -0.5, float("nan"), float("inf")])
 def test_req_rejects_negative_or_non_finite_delays(delay: float) -> None:
-    with pytest.raises(LocalProtocolError, match="requeue delay") as info:
+    with pytest.raises(ConfigError, match="requeue delay") as info:
         commands.req(MSG_ID, delay)
     assert repr(delay) in str(info.value)
 
 
 @pytest.mark.parametrize("delay", ["5", None, True, b"1"])
 def test_delays_must_be_numbers_of_seconds(delay: object) -> None:
-    with pytest.raises(LocalProtocolError, match="must be a number of seconds"):
-        commands.dpub("test", delay, b"x")  # type: ignore[arg-type]
-    with pytest.raises(LocalProtocolError, match="must be a number of seconds"):
+    with pytest.raises(ConfigError, match="must be a number of seconds"):
+        commands.dpub("test", b"x", delay)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a number of seconds"):
         commands.req(MSG_ID, delay)  # type: ignore[arg-type]
 
 
 def test_delays_that_overflow_int32_milliseconds_are_rejected() -> None:
-    with pytest.raises(LocalProtocolError, match="too long"):
-        commands.dpub("test", 3_000_000.0, b"x")
-    with pytest.raises(LocalProtocolError, match="too long"):
+    with pytest.raises(ConfigError, match=r"at most 2147483\.647 s, got 3000000\.0"):
+        commands.dpub("test", b"x", 3_000_000.0)
+    with pytest.raises(ConfigError, match="at most"):
         commands.req(MSG_ID, 3_000_000)
 
 

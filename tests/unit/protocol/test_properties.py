@@ -224,7 +224,7 @@ def test_mpub_length_prefixes_match_the_bodies(name: str, bodies: list[bytes | s
 def test_dpub_sends_the_delay_in_whole_milliseconds(
     name: str, delay: float, body: bytes | str
 ) -> None:
-    encoded = commands.dpub(name, delay, body)
+    encoded = commands.dpub(name, body, delay)
     line, rest = encoded.split(b"\n", 1)
     verb, topic, ms = line.split(b" ")
     assert (verb, topic) == (b"DPUB", name.encode("ascii"))

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
@@ -40,14 +39,13 @@ import requests.adapters
 import urllib3
 
 from nsq_sync import _fork
+from nsq_sync._addresses import parse_http_address
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "HTTPClientBase",
-    "parse_http_address",
-    "split_host_port",
     "unwrap_envelope",
 ]
 
@@ -60,115 +58,7 @@ _USER_AGENT = f"nsq_sync/{__version__}"
 # Error bodies from nsqd are tiny ({"message":"TOPIC_NOT_FOUND"}); anything longer is not nsqd.
 _MAX_ERROR_BODY = 4096
 
-_PORT_RE = re.compile(r"[0-9]+")
-_HOST_RE = re.compile(r"[A-Za-z0-9._-]+")
-# IPv6 literals only; zone ids ("%eth0") are not supported (URLs would need them as "%25eth0").
-_IPV6_RE = re.compile(r"[0-9A-Fa-f:.]+")
-
 _C = TypeVar("_C", bound="HTTPClientBase")
-
-
-def split_host_port(
-    text: str, *, what: str = "address", original: str | None = None
-) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` for IPv6) into host and port.
-
-    Args:
-        text: the address, without scheme.
-        what: how the error message refers to the value.
-        original: the value as the user wrote it, for the error message (default ``text``).
-
-    Returns:
-        ``(host, port)``; IPv6 hosts are returned without brackets.
-
-    Raises:
-        ConfigError: naming the address and what is wrong with it.
-    """
-    shown = text if original is None else original
-
-    def bad(reason: str) -> ConfigError:
-        return ConfigError(f"invalid {what} {shown!r}: {reason}")
-
-    if text.startswith("["):
-        end = text.find("]")
-        if end == -1:
-            raise bad("unclosed '[' in IPv6 address")
-        host, rest = text[1:end], text[end + 1 :]
-        if not rest.startswith(":"):
-            raise bad("missing port (expected '[ipv6]:port')")
-        port_text = rest[1:]
-        if not _IPV6_RE.fullmatch(host) or ":" not in host:
-            raise bad(f"{host!r} is not an IPv6 address")
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise bad("missing port (expected 'host:port')")
-        if ":" in host:
-            raise bad("IPv6 addresses must be bracketed, as in '[::1]:4151'")
-        if not host:
-            raise bad("missing host")
-        if not _HOST_RE.fullmatch(host):
-            raise bad(f"{host!r} is not a valid host name")
-    if not _PORT_RE.fullmatch(port_text):
-        raise bad(f"port {port_text!r} is not a number" if port_text else "missing port")
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise bad(f"port {port} is out of range 1-65535")
-    return host, port
-
-
-def join_host_port(host: str, port: int) -> str:
-    """``host:port``, bracketing IPv6 hosts like Go's ``net.JoinHostPort``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def parse_http_address(address: object) -> tuple[str, str]:
-    """Normalise an nsqd/nsqlookupd HTTP address.
-
-    Accepts ``host:port``, ``http://host:port`` and ``https://host:port`` (surrounding whitespace
-    and a single trailing ``/`` are ignored; the scheme is case-insensitive).
-
-    Args:
-        address: what the user configured.
-
-    Returns:
-        ``(base_url, host_port)``, e.g. ``("http://127.0.0.1:4151", "127.0.0.1:4151")``.
-
-    Raises:
-        ConfigError: naming the address, for a non-str, a missing host or port, a scheme other than
-            http/https, or a path, query, fragment or credentials.
-    """
-    if not isinstance(address, str):
-        raise ConfigError(
-            f"invalid HTTP address {address!r}: expected a str like 'host:port' or "
-            f"'http://host:port', got {type(address).__name__}"
-        )
-    text = address.strip()
-    scheme = "http"
-    rest = text
-    if "://" in text:
-        scheme, rest = text.split("://", 1)
-        scheme = scheme.lower()
-        if scheme not in ("http", "https"):
-            raise ConfigError(
-                f"invalid HTTP address {address!r}: scheme must be http or https, got {scheme!r}"
-            )
-    if rest.endswith("/"):
-        rest = rest[:-1]
-    for char, part in (
-        ("/", "a path"),
-        ("?", "a query"),
-        ("#", "a fragment"),
-        ("@", "credentials"),
-    ):
-        if char in rest:
-            raise ConfigError(
-                f"invalid HTTP address {address!r}: expected 'host:port' or 'http://host:port' "
-                f"without {part}"
-            )
-    host, port = split_host_port(rest, what="HTTP address", original=address)
-    host_port = join_host_port(host, port)
-    return f"{scheme}://{host_port}", host_port
 
 
 def validate_timeout(timeout: object) -> float:

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
+from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
-from nsq_sync._http_base import parse_http_address
 from nsq_sync._progress import Progress
 from nsq_sync._version import __version__
 from nsq_sync.config import Config
@@ -47,7 +47,6 @@ from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
 from nsq_sync.producer import Producer
 from nsq_sync.protocol.names import validate_channel, validate_topic
-from nsq_sync.transport import parse_address
 
 __all__ = ["main"]
 

@@ -8,7 +8,8 @@ a requeue or publish delay), so a bad one raises the same error wherever it is p
 
 Address lists (``nsqd_tcp_addresses``, ``lookupd_http_addresses``) are a list of strings or one
 string; a string holding several addresses separated by commas (``"h1:4150,h2:4150"``, as in an
-environment variable) is split at the commas (:func:`address_list`).
+environment variable) is split at the commas (:func:`address_list`, which lives with the
+address parsers in :mod:`nsq_sync._addresses`).
 
 Objects copy the Config they are given (it is frozen), so nothing shares mutable configuration.
 """
@@ -22,10 +23,11 @@ import math
 import os
 import re
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsq_sync._addresses import address_list
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError
 
@@ -98,37 +100,6 @@ def to_seconds(
     if seconds < 0 or (positive and seconds == 0):
         raise ConfigError(f"{name} must be seconds {'> 0' if positive else '>= 0'}, got {value!r}")
     return seconds
-
-
-def address_list(name: str, value: object) -> tuple[str, ...]:
-    """One address, a comma-separated string of them, or a list of them, as a tuple of strings.
-
-    ``"h1:4150, h2:4150"`` is split at the commas (whitespace around each address is dropped),
-    so an environment variable or a Spark option can carry a list.
-
-    Raises:
-        ConfigError: not a string or a list of strings, or an empty entry (``"a,,b"``); names
-            ``name``.
-    """
-    if isinstance(value, str):
-        if not value.strip():
-            raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
-        items: list[object] = [part.strip() for part in value.split(",")]
-    elif isinstance(value, (bytes, bytearray)) or not isinstance(value, Iterable):
-        raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")
-    else:
-        items = list(value)
-    addresses: list[str] = []
-    for item in items:
-        if not isinstance(item, str) or not item.strip():
-            raise ConfigError(f"{name}: every address must be a non-empty string, got {value!r}")
-        if "," in item:
-            raise ConfigError(
-                f"{name}: {item!r} holds several addresses; pass a list, or one string "
-                "with the addresses separated by commas"
-            )
-        addresses.append(item.strip())
-    return tuple(addresses)
 
 
 def _opt(

@@ -19,6 +19,7 @@ import time
 from typing import Any, Protocol
 
 from nsq_sync import _fork
+from nsq_sync._addresses import parse_address
 from nsq_sync._tls import build_ssl_context
 from nsq_sync.config import Config
 from nsq_sync.errors import (
@@ -38,7 +39,7 @@ from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder
 from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame, Response
 from nsq_sync.protocol.identify import IdentifyResult
 from nsq_sync.runtime import Runtime, Task, resolve_runtime
-from nsq_sync.transport import Transport, parse_address
+from nsq_sync.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsq_sync import _fork
-from nsq_sync._http_base import parse_http_address
+from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config, address_list, to_seconds
 from nsq_sync.connection import NsqdConnection
@@ -42,7 +42,6 @@ from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.rdy import RDYManager
 from nsq_sync.running import RunSummary, run_to_end
 from nsq_sync.runtime import Runtime, patched_after, resolve_runtime
-from nsq_sync.transport import parse_address
 
 log = logging.getLogger(__name__)
 

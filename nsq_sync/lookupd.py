@@ -26,13 +26,8 @@ from typing import Any
 
 import requests
 
-from nsq_sync._http_base import (
-    DEFAULT_TIMEOUT,
-    HTTPClientBase,
-    join_host_port,
-    split_host_port,
-    unwrap_envelope,
-)
+from nsq_sync._addresses import join_host_port, split_host_port
+from nsq_sync._http_base import DEFAULT_TIMEOUT, HTTPClientBase, unwrap_envelope
 from nsq_sync.errors import ConfigError, LookupdError
 from nsq_sync.protocol.names import validate_channel, validate_topic
 

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nsq_sync import _fork
+from nsq_sync._addresses import parse_address
 from nsq_sync.config import Config, address_list, to_seconds
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.errors import (
@@ -69,7 +70,6 @@ from nsq_sync.protocol.commands import Body
 from nsq_sync.protocol.constants import OK
 from nsq_sync.protocol.names import validate_topic
 from nsq_sync.runtime import AutoRuntime, Runtime, resolve_runtime
-from nsq_sync.transport import parse_address
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from nsq_sync import _fork
+from nsq_sync._addresses import parse_address
 from nsq_sync.errors import (
     ConnectionClosed,
     ConnectTimeout,
@@ -33,23 +34,6 @@ from nsq_sync.runtime import Runtime
 _RECV_SIZE = 256 * 1024  # largest read buffer (a busy consumer's)
 _RECV_MIN = 16 * 1024  # first read buffer; it grows while reads fill it
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO / SO_SNDTIMEO
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` too).
-
-    Raises:
-        ConfigError: no port, a non-numeric port, or a URL given instead of ``host:port``.
-    """
-    from nsq_sync.errors import ConfigError
-
-    if not isinstance(address, str) or "://" in address or "/" in address:
-        raise ConfigError(f"nsqd TCP address must be 'host:port', got {address!r}")
-    host, sep, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"nsqd TCP address must be 'host:port', got {address!r}")
-    return host, int(port)
 
 
 class Transport:

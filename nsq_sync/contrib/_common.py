@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync import _fork
-from nsq_sync._http_base import parse_http_address
+from nsq_sync._addresses import address_list, parse_address, parse_http_address
 from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer
 from nsq_sync.errors import ConfigError
 from nsq_sync.producer import Producer
-from nsq_sync.transport import parse_address
 
 __all__ = ["NsqSettings", "ProducerHolder", "Problem", "find_problems", "parse_settings"]
 
@@ -52,17 +51,9 @@ class NsqSettings:
     config: Config
 
 
-def _addresses(value: Any) -> list[Any]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise ConfigError(f"expected 'host:port' or a list of them, got {value!r}")
-
-
 def _check_addresses(name: str, key: str, value: Any) -> Problem | None:
     try:
-        for address in _addresses(value):
+        for address in address_list(name, value):
             if key == NSQD:
                 parse_address(address)
             else:
@@ -128,8 +119,8 @@ def parse_settings(options: Mapping[str, Any], key_name: Callable[[str], str] = 
     if problems:
         raise ConfigError("; ".join(p.message for p in problems))
     by_key = {str(k).replace("-", "_").lower(): v for k, v in options.items()}
-    nsqd = tuple(_addresses(by_key.pop(NSQD, [])))
-    lookupd = tuple(_addresses(by_key.pop(LOOKUPD, [])))
+    nsqd = address_list(NSQD, by_key.pop(NSQD, []))
+    lookupd = address_list(LOOKUPD, by_key.pop(LOOKUPD, []))
     return NsqSettings(nsqd, lookupd, Config().replace(**by_key))
 
 

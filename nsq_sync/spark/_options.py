@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync._http_base import parse_http_address
+from nsq_sync._addresses import address_list, parse_address, parse_http_address
 from nsq_sync.config import Config, parse_duration
 from nsq_sync.errors import ConfigError
 from nsq_sync.protocol.names import validate_channel, validate_topic
-from nsq_sync.transport import parse_address
 
 __all__ = ["SinkOptions", "SourceOptions", "sink_options", "source_options"]
 
@@ -57,9 +56,10 @@ class SourceOptions:
 
 
 def _split(name: str, value: str | None) -> tuple[str, ...]:
-    if value is None:
+    """An address option (a comma-separated string); unset or empty means none."""
+    if value is None or not str(value).strip():
         return ()
-    return tuple(part.strip() for part in str(value).split(",") if part.strip())
+    return address_list(f"option {name}", str(value))
 
 
 def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:

@@ -17,7 +17,8 @@ import requests
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsq_sync._http_base import parse_http_address, split_host_port, unwrap_envelope
+from nsq_sync._addresses import parse_http_address, split_host_port
+from nsq_sync._http_base import unwrap_envelope
 from nsq_sync.errors import (
     ConfigError,
     HTTPAPIError,

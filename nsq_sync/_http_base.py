@@ -28,7 +28,6 @@ Both servers speak the same small HTTP dialect, so one base class owns what they
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
@@ -41,6 +40,7 @@ import urllib3
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_http_address
 from nsq_sync._version import __version__
+from nsq_sync.config import to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
 
 __all__ = [
@@ -59,20 +59,6 @@ _USER_AGENT = f"nsq_sync/{__version__}"
 _MAX_ERROR_BODY = 4096
 
 _C = TypeVar("_C", bound="HTTPClientBase")
-
-
-def validate_timeout(timeout: object) -> float:
-    """Return ``timeout`` as float seconds.
-
-    Raises:
-        ConfigError: for a non-number, a non-finite value or one <= 0.
-    """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise ConfigError(f"timeout: expected seconds as a number, got {timeout!r}")
-    value = float(timeout)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"timeout: must be a finite number of seconds > 0, got {timeout!r}")
-    return value
 
 
 def unwrap_envelope(data: Any) -> Any:
@@ -162,7 +148,7 @@ class HTTPClientBase:
         session: requests.Session | None = None,
     ) -> None:
         self._base_url, self._address = parse_http_address(address)
-        self._timeout = validate_timeout(timeout)
+        self._timeout = to_seconds(timeout, "timeout", positive=True)
         if session is not None and not isinstance(session, requests.Session):
             raise ConfigError(f"session: expected a requests.Session, got {session!r}")
         self._owns_session = session is None

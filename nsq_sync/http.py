@@ -23,9 +23,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-import requests
-
-from nsq_sync._http_base import DEFAULT_TIMEOUT, HTTPClientBase
+from nsq_sync._http_base import HTTPClientBase
 from nsq_sync.config import to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody
 from nsq_sync.protocol.commands import Body, to_body, to_ms
@@ -84,7 +82,8 @@ class NsqdHTTPClient(HTTPClientBase):
 
     Args:
         address: ``host:port``, ``http://host:port`` or ``https://host:port``.
-        timeout: seconds allowed for connecting, and then for each read, per request.
+        timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) allowed for
+            connecting, and then for each read, per request; 5 by default.
         session: a ``requests.Session`` to use (for TLS client certificates, proxies, adapters).
             It stays the caller's: :meth:`close` does not close it. By default the client makes
             its own.
@@ -101,15 +100,6 @@ class NsqdHTTPClient(HTTPClientBase):
     """
 
     _server = "nsqd"
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        session: requests.Session | None = None,
-    ) -> None:
-        super().__init__(address, timeout=timeout, session=session)
 
     # ------------------------------------------------------------------ health and info
 

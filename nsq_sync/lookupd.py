@@ -24,10 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from nsq_sync._addresses import join_host_port, split_host_port
-from nsq_sync._http_base import DEFAULT_TIMEOUT, HTTPClientBase, unwrap_envelope
+from nsq_sync._http_base import HTTPClientBase, unwrap_envelope
 from nsq_sync.errors import ConfigError, LookupdError
 from nsq_sync.protocol.names import validate_channel, validate_topic
 
@@ -142,7 +140,8 @@ class LookupdClient(HTTPClientBase):
 
     Args:
         address: ``host:port``, ``http://host:port`` or ``https://host:port``.
-        timeout: seconds allowed for connecting, and then for each read, per request.
+        timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) allowed for
+            connecting, and then for each read, per request; 5 by default.
         session: a ``requests.Session`` to use. It stays the caller's: :meth:`close` does not
             close it. By default the client makes its own.
 
@@ -153,15 +152,6 @@ class LookupdClient(HTTPClientBase):
 
     _error_class = LookupdError
     _server = "nsqlookupd"
-
-    def __init__(
-        self,
-        address: str,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        session: requests.Session | None = None,
-    ) -> None:
-        super().__init__(address, timeout=timeout, session=session)
 
     def ping(self) -> bool:
         """Check that nsqlookupd is up (``GET /ping``).

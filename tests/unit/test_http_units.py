@@ -8,6 +8,7 @@ first.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -144,12 +145,19 @@ def test_construction_does_no_io(cls: type[NsqdHTTPClient] | type[LookupdClient]
     client.close()  # idempotent
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), "5", None, True])
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), float("inf"), "soon", None, True])
 def test_bad_timeout_is_a_config_error(timeout: Any) -> None:
     with pytest.raises(ConfigError, match="timeout"):
         NsqdHTTPClient("127.0.0.1:4151", timeout=timeout)
     with pytest.raises(ConfigError, match="timeout"):
         LookupdClient("127.0.0.1:4161", timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [1.5, "1500ms", datetime.timedelta(seconds=1.5)])
+def test_timeout_takes_any_duration_like_every_other_method(timeout: Any) -> None:
+    for cls in (NsqdHTTPClient, LookupdClient):
+        with cls("127.0.0.1:4151", timeout=timeout) as client:
+            assert client.timeout == 1.5
 
 
 def test_default_timeout_is_five_seconds() -> None:

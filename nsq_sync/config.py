@@ -30,6 +30,11 @@ from typing import Any
 from nsq_sync._addresses import address_list
 from nsq_sync._version import __version__
 from nsq_sync.errors import ConfigError
+from nsq_sync.protocol.constants import (
+    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MSG_SIZE,
+)
 
 __all__ = ["Config", "address_list", "parse_duration", "to_seconds"]
 
@@ -192,7 +197,7 @@ class Config:
         doc="Per-connection message timeout asked of nsqd (IDENTIFY); None keeps nsqd's --msg-timeout.",
     )
     max_frame_size: int = _opt(
-        64 * 1024 * 1024,
+        DEFAULT_MAX_FRAME_SIZE,
         "int",
         1024,
         2**31 - 1,
@@ -328,14 +333,14 @@ class Config:
     )
     # --- producer
     max_msg_size: int | None = _opt(
-        1024 * 1024,
+        DEFAULT_MAX_MSG_SIZE,
         "int?",
         1,
         2**31 - 1,
         doc="Largest body a producer sends in PUB/DPUB (nsqd's --max-msg-size); bigger raises before sending. None: no check.",
     )
     max_body_size: int | None = _opt(
-        5 * 1024 * 1024,
+        DEFAULT_MAX_BODY_SIZE,
         "int?",
         1,
         2**31 - 1,

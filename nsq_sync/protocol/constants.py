@@ -12,14 +12,11 @@ HEARTBEAT = b"_heartbeat_"
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"
 
-#: size (4) + frame type (4)
-FRAME_HEADER_SIZE = 8
 #: timestamp (8) + attempts (2) + id (16)
 MESSAGE_HEADER_SIZE = 26
 MESSAGE_ID_SIZE = 16
 
 MAX_NAME_LENGTH = 64
-EPHEMERAL_SUFFIX = "#ephemeral"
 
 #: Default upper bound on a single frame. nsqd's own default --max-msg-size is 1 MiB, and
 #: --max-body-size (MPUB) 5 MiB; frames the client receives are messages, so 1 MiB + header

@@ -213,6 +213,32 @@ class HTTPClientBase:
         state = " closed" if self._closed else ""
         return f"<{type(self).__name__} {self._base_url}{state}>"
 
+    def ping(self) -> bool:
+        """Check that the server is up and healthy (``GET /ping``).
+
+        Returns:
+            True. Failures raise rather than return False.
+
+        Raises:
+            HTTPAPIError (LookupdError from a LookupdClient): no answer (``status`` None), or an
+                error status (an unhealthy nsqd answers 500 with the reason, e.g. a failing
+                disk, in ``body``).
+            Stopped: the client is closed.
+        """
+        self._request("GET", "/ping")
+        return True
+
+    def info(self) -> dict[str, Any]:
+        """The server's ``/info``: nsqd's version, broadcast_address, hostname, tcp_port,
+        http_port...; nsqlookupd's version (v1.3.0 says nothing else).
+
+        Raises:
+            HTTPAPIError (LookupdError from a LookupdClient): the request failed or the answer
+                is not a JSON object.
+            Stopped: the client is closed.
+        """
+        return self._get_json_object("/info")
+
     # ------------------------------------------------------------------ for subclasses
 
     def _url(self, path: str, params: Mapping[str, str] | None = None) -> str:
@@ -320,7 +346,3 @@ class HTTPClientBase:
             200,
             json.dumps(data)[:_MAX_ERROR_BODY],
         )
-
-    def _ping(self) -> bool:
-        self._request("GET", "/ping")
-        return True

@@ -101,29 +101,7 @@ class NsqdHTTPClient(HTTPClientBase):
 
     _server = "nsqd"
 
-    # ------------------------------------------------------------------ health and info
-
-    def ping(self) -> bool:
-        """Check that nsqd is up and healthy (``GET /ping``).
-
-        Returns:
-            True. Failures raise rather than return False.
-
-        Raises:
-            HTTPAPIError: no answer (``status`` None), or an unhealthy nsqd (500 with the reason,
-                e.g. a failing disk, in ``body``).
-            Stopped: the client is closed.
-        """
-        return self._ping()
-
-    def info(self) -> dict[str, Any]:
-        """nsqd's ``/info``: version, broadcast_address, hostname, tcp_port, http_port, ...
-
-        Raises:
-            HTTPAPIError: the request failed or the answer is not a JSON object.
-            Stopped: the client is closed.
-        """
-        return self._get_json_object("/info")
+    # ------------------------------------------------------------------ stats
 
     def stats(
         self,

@@ -153,27 +153,6 @@ class LookupdClient(HTTPClientBase):
     _error_class = LookupdError
     _server = "nsqlookupd"
 
-    def ping(self) -> bool:
-        """Check that nsqlookupd is up (``GET /ping``).
-
-        Returns:
-            True. Failures raise rather than return False.
-
-        Raises:
-            LookupdError: no answer (``status`` None) or an error status.
-            Stopped: the client is closed.
-        """
-        return self._ping()
-
-    def info(self) -> dict[str, Any]:
-        """nsqlookupd's ``/info`` (v1.3.0: just ``{"version": "1.3.0"}``).
-
-        Raises:
-            LookupdError: the request failed or the answer is not a JSON object.
-            Stopped: the client is closed.
-        """
-        return self._get_json_object("/info")
-
     def lookup(self, topic: str) -> list[ProducerInfo]:
         """The nsqds that carry ``topic`` (not tombstoned, seen recently).
 

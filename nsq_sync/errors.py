@@ -14,7 +14,8 @@ Naming: the name says who refused.
 - **nsq_sync refused before sending anything** (bad input): :class:`InvalidName` (topic or
   channel), :class:`InvalidBody` (a message body or batch), :class:`ConfigError` (an option, an
   address, a timeout or a delay: every duration goes through :func:`nsq_sync.config.to_seconds`)
-  and :class:`LocalProtocolError` (a command the protocol does not allow). All are ValueErrors.
+  (the first three are also ValueErrors) and :class:`LocalProtocolError` (a command the
+  protocol does not allow: a malformed message id, a negative RDY count).
 
 So ``InvalidBody`` is an empty or oversized body caught locally, while ``ServerBadBody`` is nsqd
 rejecting one. (Before 0.1 was released the server classes were named ``InvalidError``,

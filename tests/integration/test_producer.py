@@ -703,8 +703,9 @@ def test_malformed_address_at_construction(address: Any) -> None:
     message = str(info.value)
     if address == []:
         assert "at least one" in message
-    else:
-        assert "host:port" in message
+    else:  # names the argument and the bad value
+        assert "nsqd TCP address" in message or "nsqd_tcp_addresses" in message
+        assert repr(address[-1] if isinstance(address, list) else address) in message
         shown = address[-1] if isinstance(address, list) else address
         assert repr(shown) in message
 

@@ -3,10 +3,13 @@
 
 Both servers speak the same small HTTP dialect, so one base class owns what they have in common:
 
-- Address parsing. Users write ``127.0.0.1:4151`` or ``http://127.0.0.1:4151`` (both forms appear
-  in go-nsq, pynsq and the nsq tools' flags). Anything else, such as a missing port, an ``ftp://``
-  scheme or a path, is a configuration mistake and fails at construction with the address in the
-  message, rather than as a confusing 404 on the first request.
+- Address parsing (:func:`nsq_sync._addresses.parse_http_address`). Users write
+  ``127.0.0.1:4151`` or ``http://127.0.0.1:4151`` (both forms appear in go-nsq, pynsq and the nsq
+  tools' flags). Anything else, such as a missing port, an ``ftp://`` scheme or a path, is a
+  configuration mistake and fails at construction with the address in the message, rather than
+  as a confusing 404 on the first request.
+- One constructor, one ``ping`` and one ``info`` for both clients, and a timeout checked by
+  :func:`nsq_sync.config.to_seconds` like every other duration.
 - One ``requests.Session`` per client, so keep-alive connections are reused. Creating a Session
   does no I/O, so constructing a client never touches the network.
 - A timeout on every request. requests waits forever by default, and a hung nsqlookupd must not

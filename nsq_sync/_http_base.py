@@ -45,6 +45,7 @@ from nsq_sync._addresses import parse_http_address
 from nsq_sync._version import __version__
 from nsq_sync.config import to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
+from nsq_sync.protocol.names import validate_channel, validate_topic
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -297,6 +298,20 @@ class HTTPClientBase:
                 body,
             )
         return response
+
+    def _topic_op(self, op: str, topic: str) -> None:
+        """``POST /topic/<op>?topic=`` (both servers administer topics the same way).
+
+        Raises:
+            InvalidName: a bad topic name (nothing is sent).
+            HTTPAPIError (or subclass), Stopped: as :meth:`_request`.
+        """
+        self._request("POST", f"/topic/{op}", {"topic": validate_topic(topic)})
+
+    def _channel_op(self, op: str, topic: str, channel: str) -> None:
+        """``POST /channel/<op>?topic=&channel=``; raises as :meth:`_topic_op`."""
+        params = {"topic": validate_topic(topic), "channel": validate_channel(channel)}
+        self._request("POST", f"/channel/{op}", params)
 
     def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """GET ``path`` and return its decoded JSON payload (envelope removed).

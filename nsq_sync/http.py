@@ -344,10 +344,3 @@ class NsqdHTTPClient(HTTPClientBase):
             InvalidName, HTTPAPIError (404), Stopped: as :meth:`delete_channel`.
         """
         self._channel_op("unpause", topic, channel)
-
-    def _topic_op(self, op: str, topic: str) -> None:
-        self._request("POST", f"/topic/{op}", {"topic": validate_topic(topic)})
-
-    def _channel_op(self, op: str, topic: str, channel: str) -> None:
-        params = {"topic": validate_topic(topic), "channel": validate_channel(channel)}
-        self._request("POST", f"/channel/{op}", params)

@@ -27,7 +27,7 @@ from typing import Any
 from nsq_sync._addresses import join_host_port, split_host_port
 from nsq_sync._http_base import HTTPClientBase, unwrap_envelope
 from nsq_sync.errors import ConfigError, LookupdError
-from nsq_sync.protocol.names import validate_channel, validate_topic
+from nsq_sync.protocol.names import validate_topic
 
 __all__ = ["LookupdClient", "ProducerInfo", "parse_producers"]
 
@@ -220,7 +220,7 @@ class LookupdClient(HTTPClientBase):
             LookupdError: the request failed.
             Stopped: the client is closed.
         """
-        self._request("POST", "/topic/create", {"topic": validate_topic(topic)})
+        self._topic_op("create", topic)
 
     def delete_topic(self, topic: str) -> None:
         """Remove a topic's registrations (its channels too). Succeeds for unknown topics.
@@ -233,7 +233,7 @@ class LookupdClient(HTTPClientBase):
             LookupdError: the request failed.
             Stopped: the client is closed.
         """
-        self._request("POST", "/topic/delete", {"topic": validate_topic(topic)})
+        self._topic_op("delete", topic)
 
     def create_channel(self, topic: str, channel: str) -> None:
         """Register a channel (and its topic if needed) in nsqlookupd. No-op if it exists.
@@ -243,7 +243,7 @@ class LookupdClient(HTTPClientBase):
             LookupdError: the request failed.
             Stopped: the client is closed.
         """
-        self._request("POST", "/channel/create", self._topic_channel(topic, channel))
+        self._channel_op("create", topic, channel)
 
     def delete_channel(self, topic: str, channel: str) -> None:
         """Remove a channel's registration.
@@ -253,7 +253,7 @@ class LookupdClient(HTTPClientBase):
             LookupdError: the request failed; 404 ``CHANNEL_NOT_FOUND`` for an unknown channel.
             Stopped: the client is closed.
         """
-        self._request("POST", "/channel/delete", self._topic_channel(topic, channel))
+        self._channel_op("delete", topic, channel)
 
     def tombstone_topic_producer(self, topic: str, node: str) -> None:
         """Hide one nsqd from :meth:`lookup` of ``topic`` for nsqlookupd's tombstone lifetime
@@ -278,10 +278,6 @@ class LookupdClient(HTTPClientBase):
         self._request("POST", "/topic/tombstone", {"topic": topic_name, "node": f"{host}:{port}"})
 
     # ------------------------------------------------------------------ helpers
-
-    @staticmethod
-    def _topic_channel(topic: str, channel: str) -> dict[str, str]:
-        return {"topic": validate_topic(topic), "channel": validate_channel(channel)}
 
     def _parse(self, data: Any, path: str, params: Mapping[str, str] | None) -> list[ProducerInfo]:
         try:

@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import given
-from hypothesis import strategies as st
 
-from nsq_sync._addresses import parse_http_address, split_host_port
+from nsq_sync._addresses import parse_http_address
 from nsq_sync._http_base import unwrap_envelope
 from nsq_sync.errors import (
     ConfigError,
@@ -109,25 +107,7 @@ def test_parse_http_address_rejects_non_str(address: object) -> None:
         parse_http_address(address)
 
 
-_hosts = st.one_of(
-    st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z][a-z0-9-]{0,10}){0,3}", fullmatch=True),
-    st.ip_addresses(v=4).map(str),
-)
-
-
-@given(host=_hosts, port=st.integers(1, 65535), scheme=st.sampled_from(["", "http://", "https://"]))
-def test_parse_http_address_round_trips(host: str, port: int, scheme: str) -> None:
-    base_url, host_port = parse_http_address(f"{scheme}{host}:{port}")
-    assert host_port == f"{host}:{port}"
-    assert base_url == f"{scheme or 'http://'}{host}:{port}"
-    # Normalising is idempotent.
-    assert parse_http_address(base_url) == (base_url, host_port)
-    assert split_host_port(host_port) == (host, port)
-
-
-@given(host=st.ip_addresses(v=6).map(str), port=st.integers(1, 65535))
-def test_ipv6_addresses_are_bracketed(host: str, port: int) -> None:
-    assert parse_http_address(f"[{host}]:{port}") == (f"http://[{host}]:{port}", f"[{host}]:{port}")
+# Property tests of the address parsers (round trips, IPv6): tests/unit/test_addresses.py
 
 
 # ------------------------------------------------------------------------------ construction

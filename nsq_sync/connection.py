@@ -453,7 +453,7 @@ class NsqdConnection:
         transport = self._transport
         if transport is None or self.closed:
             raise ConnectionClosed("connection is closed", self.address, by_server=False)
-        return transport.send_deferred(data)
+        return transport.buffer(data)
 
     def flush(self) -> None:
         """Write what :meth:`send_deferred` buffered. Thread-safe.

@@ -59,7 +59,7 @@ class Transport:
         self._codec: Codec | None = None
         self._pending_plain = b""
         # Commands waiting to be written; one task at a time (the writer) writes them, so
-        # commands from concurrent tasks go out together (see send/send_deferred).
+        # commands from concurrent tasks go out together (see send/buffer).
         self._buf: list[bytes] = []
         self._buf_lock = runtime.lock()
         self._writing = False
@@ -230,7 +230,7 @@ class Transport:
             self._writing = True
             return True
 
-    def send_deferred(self, data: bytes) -> bool:
+    def buffer(self, data: bytes) -> bool:
         """Buffer ``data`` for the next write (by :meth:`send` or :meth:`flush`). Thread-safe.
 
         Workers answer messages (FIN/REQ) through here: one write per batch instead of one

@@ -57,7 +57,7 @@ class Transport:
         self._tls_in: ssl.MemoryBIO | None = None
         self._tls_out: ssl.MemoryBIO | None = None
         self._codec: Codec | None = None
-        self._pending_plain = b""
+        self._read_ahead = b""  # plaintext decoded from bytes read before a codec was installed
         # Commands waiting to be written; one task at a time (the writer) writes them, so
         # commands from concurrent tasks go out together (see send/buffer).
         self._buf: list[bytes] = []
@@ -163,7 +163,7 @@ class Transport:
         and returned by the next :meth:`recv`."""
         self._codec = codec
         if initial:
-            self._pending_plain = codec.decompress(initial)
+            self._read_ahead = codec.decompress(initial)
 
     @property
     def tls_version(self) -> str | None:
@@ -182,8 +182,8 @@ class Transport:
             ConnectionClosed: the connection was closed locally.
             NSQConnectionError: a socket or TLS error.
         """
-        if self._pending_plain:
-            data, self._pending_plain = self._pending_plain, b""
+        if self._read_ahead:
+            data, self._read_ahead = self._read_ahead, b""
             return data
         if timeout is not None:
             # settimeout() is a system call: skip it while the current value is between half

@@ -26,9 +26,6 @@ __all__ = ["SinkOptions", "SourceOptions", "sink_options", "source_options"]
 #: options Spark itself adds or that belong to it, never to nsq_sync
 _SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
-#: nsqd's defaults (v1.3.0 ``--max-msg-size``, ``--max-body-size``)
-_NSQD_MAX_MSG_SIZE = 1024 * 1024
-_NSQD_MAX_BODY_SIZE = 5 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -136,8 +133,6 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
             raise ConfigError(f"option topic: {exc}") from None
     # A short nsqd outage (a restart) must not fail the task: publishes are retried for a minute.
     config_opts.setdefault("publish_timeout", "60")
-    config_opts.setdefault("max_msg_size", str(_NSQD_MAX_MSG_SIZE))
-    config_opts.setdefault("max_body_size", str(_NSQD_MAX_BODY_SIZE))
     config = _config(config_opts)
     batch_size = _int("batch_size", mine.get("batch_size"), 500, 1, 1_000_000)
     return SinkOptions(addresses, topic, batch_size, config)

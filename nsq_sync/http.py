@@ -26,7 +26,7 @@ from typing import Any
 from nsq_sync._http_base import HTTPClientBase
 from nsq_sync.config import to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody
-from nsq_sync.protocol.commands import Body, to_body, to_ms
+from nsq_sync.protocol.commands import Body, to_bodies, to_body, to_ms
 from nsq_sync.protocol.names import validate_channel, validate_topic
 
 __all__ = ["NsqdHTTPClient"]
@@ -35,12 +35,7 @@ _U32 = struct.Struct(">I")
 
 
 def _bodies(bodies: Iterable[Body], *, binary: bool) -> list[bytes]:
-    if isinstance(bodies, (bytes, bytearray, memoryview, str)):
-        raise InvalidBody("mpub takes a sequence of bodies, not a single body")
-    datas = [to_body(b, index=i) for i, b in enumerate(bodies)]
-    if not datas:
-        # nsqd would accept an empty newline-separated batch and publish nothing.
-        raise InvalidBody("mpub needs at least one message")
+    datas = to_bodies(bodies)  # the TCP MPUB's checks: a sequence, not empty, no empty body
     if not binary:
         for i, data in enumerate(datas):
             if b"\n" in data:

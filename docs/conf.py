@@ -68,7 +68,10 @@ nitpick_ignore_regex = [
     ),
     # Type aliases and internal classes that appear in signatures, and private names (a private base class, a private
     # module): nothing public to link to.
-    (r"py:class", r"(Handler|GiveUpHandler|BatchHandler|Responder|NsqdConnection|StrPath|Flask)"),
+    (
+        r"py:class",
+        r"(Handler|GiveUpHandler|BatchHandler|Responder|NsqdConnection|StrPath|Flask|Duration)",
+    ),
     (r"py:class", r"nsq_sync(\.\w+)*\._\w+(\.\w+)*"),
     # napoleon reads a Raises entry such as "HTTPAPIError (404 ``TOPIC_NOT_FOUND``)" or an Args
     # entry such as "runtime and any Config option" as a name; a target with a space in it is

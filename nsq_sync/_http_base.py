@@ -43,7 +43,7 @@ import urllib3
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_http_address
 from nsq_sync._version import __version__
-from nsq_sync.config import to_seconds
+from nsq_sync.config import Duration, to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
 from nsq_sync.protocol.names import validate_channel, validate_topic
 
@@ -148,7 +148,7 @@ class HTTPClientBase:
         self,
         address: str,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: Duration = DEFAULT_TIMEOUT,
         session: requests.Session | None = None,
     ) -> None:
         self._base_url, self._address = parse_http_address(address)

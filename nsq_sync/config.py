@@ -25,7 +25,7 @@ import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from nsq_sync._addresses import address_list
 from nsq_sync._version import __version__
@@ -36,7 +36,11 @@ from nsq_sync.protocol.constants import (
     DEFAULT_MAX_MSG_SIZE,
 )
 
-__all__ = ["Config", "address_list", "parse_duration", "to_seconds"]
+__all__ = ["Config", "Duration", "address_list", "parse_duration", "to_seconds"]
+
+#: What every public duration argument takes (a timeout, a delay): seconds, a
+#: :class:`datetime.timedelta`, or a string such as ``"250ms"`` (see :func:`to_seconds`).
+Duration = Union[float, datetime.timedelta, str]
 
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d*)?|-?\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

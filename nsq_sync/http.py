@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nsq_sync._http_base import HTTPClientBase
-from nsq_sync.config import to_seconds
+from nsq_sync.config import Duration, to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody
 from nsq_sync.protocol.commands import Body, to_bodies, to_body, to_ms
 from nsq_sync.protocol.names import validate_channel, validate_topic
@@ -190,7 +190,7 @@ class NsqdHTTPClient(HTTPClientBase):
 
     # ------------------------------------------------------------------ publishing
 
-    def pub(self, topic: str, body: Body, delay: float | None = None) -> None:
+    def pub(self, topic: str, body: Body, delay: Duration | None = None) -> None:
         """Publish one message (``POST /pub``), creating the topic if needed.
 
         Args:
@@ -214,7 +214,7 @@ class NsqdHTTPClient(HTTPClientBase):
             params["defer"] = str(to_ms(to_seconds(delay, "delay")))
         self._request("POST", "/pub", params, data)
 
-    def dpub(self, topic: str, body: Body, delay: float) -> None:
+    def dpub(self, topic: str, body: Body, delay: Duration) -> None:
         """Deferred publish: :meth:`pub` with ``delay`` (seconds). Raises as :meth:`pub`."""
         self.pub(topic, body, delay)
 

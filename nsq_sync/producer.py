@@ -48,7 +48,7 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address
-from nsq_sync.config import Config, address_list, to_seconds
+from nsq_sync.config import Config, Duration, address_list, to_seconds
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.errors import (
     AuthError,
@@ -161,7 +161,7 @@ class Producer:
 
     # ------------------------------------------------------------------ public API
 
-    def publish(self, topic: str, body: Body, *, timeout: float | None = None) -> None:
+    def publish(self, topic: str, body: Body, *, timeout: Duration | None = None) -> None:
         """PUB one message and wait for nsqd's OK. Thread-safe.
 
         ``timeout`` (default ``publish_timeout``) bounds what the call waits for: connecting,
@@ -185,7 +185,7 @@ class Producer:
         self._publish(data, timeout)
 
     def multi_publish(
-        self, topic: str, bodies: Iterable[Body], *, timeout: float | None = None
+        self, topic: str, bodies: Iterable[Body], *, timeout: Duration | None = None
     ) -> None:
         """MPUB a batch atomically (all or none) and wait for OK. Thread-safe.
 
@@ -207,7 +207,7 @@ class Producer:
         self._publish(data, timeout)
 
     def deferred_publish(
-        self, topic: str, body: Body, delay: float, *, timeout: float | None = None
+        self, topic: str, body: Body, delay: Duration, *, timeout: Duration | None = None
     ) -> None:
         """DPUB: nsqd delivers the message after ``delay`` seconds (or a
         :class:`datetime.timedelta`, or ``"250ms"``). Thread-safe.
@@ -223,16 +223,21 @@ class Producer:
         self._check_size(len(commands.to_body(body)), None)
         self._publish(data, timeout)
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: Duration = 10.0) -> None:
         """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
         connections. No connection is opened after this; a publish still waiting for its answer
         then raises :class:`~nsq_sync.errors.PublishOutcomeUnknown` ("producer closed").
-        Idempotent, thread-safe."""
+        Idempotent, thread-safe.
+
+        Raises:
+            ConfigError: ``timeout`` is not a duration >= 0 (nothing is closed).
+        """
+        seconds = to_seconds(timeout, "timeout")
         self._closed = True
         pool = self._pool.get()
         # Publishes in progress: poll briefly (only at close; a per-publish Event would cost
         # every publish a Condition round trip).
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + seconds
         while pool.active and time.monotonic() < deadline:
             self.runtime.sleep(0.005)
         for slot in pool.slots:
@@ -260,9 +265,11 @@ class Producer:
             where = "" if index is None else f" (message {index})"
             raise InvalidBody(f"message body{where} of {size} bytes exceeds max_msg_size {limit}")
 
-    def _publish(self, data: bytes, timeout: float | None) -> None:
-        if timeout is not None:
-            timeout = to_seconds(timeout, "timeout", positive=True)
+    def _publish(self, data: bytes, timeout: Duration | None) -> None:
+        if timeout is None:
+            seconds = self.config.publish_timeout
+        else:
+            seconds = to_seconds(timeout, "timeout", positive=True)
         if self._closed:
             raise Stopped("producer is closed")
         pool = self._pool.get()
@@ -270,9 +277,7 @@ class Producer:
             self._watch_late_patch(pool)
         pool.active.append(None)
         try:
-            self._publish_with_failover(
-                pool, data, self.config.publish_timeout if timeout is None else timeout
-            )
+            self._publish_with_failover(pool, data, seconds)
         finally:
             pool.active.pop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import ssl
 
 import pytest
@@ -431,10 +432,19 @@ def test_a_bad_delay_raises_config_error_everywhere_naming_it(delay: object) -> 
 
 
 def test_delays_take_seconds_timedeltas_and_duration_strings_alike() -> None:
-    import datetime
-
     from nsq_sync.protocol import commands
 
     for delay in (1.5, datetime.timedelta(milliseconds=1500), "1500ms"):
         seconds = to_seconds(delay, "delay")
         assert commands.dpub("t", b"x", seconds).startswith(b"DPUB t 1500\n")
+
+
+def test_producer_close_checks_its_timeout_like_every_other_duration() -> None:
+    from nsq_sync import Producer
+
+    producer = Producer("127.0.0.1:1")
+    with pytest.raises(ConfigError, match="timeout must be seconds >= 0, got -1"):
+        producer.close(timeout=-1)
+    assert not producer.closed  # refused before anything was closed
+    producer.close(timeout=datetime.timedelta(milliseconds=10))
+    assert producer.closed

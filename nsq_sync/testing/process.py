@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import requests
 
-from nsq_sync._addresses import split_host_port
-
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -188,7 +186,7 @@ def _stop_all_at_exit() -> None:
 
 
 def _port_of(address: str) -> int:
-    return split_host_port(address)[1]
+    return int(address.rsplit(":", 1)[1])
 
 
 class NsqProcess:

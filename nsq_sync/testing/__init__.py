@@ -7,7 +7,7 @@ This package is public: applications that use nsq_sync can test against real ser
 - :func:`find_nsq_binary` finds the executables (``NSQ_BIN``, ``.nsq/bin``, ``PATH``).
 - The pytest plugin (:mod:`nsq_sync.testing.pytest_plugin`, loaded automatically once nsq_sync is
   installed) provides the ``nsqd``, ``nsqlookupd``, ``nsqd_factory``, ``nsq_cluster`` and
-  ``topic`` fixtures and prints server logs when a test fails.
+  ``nsq_topic`` fixtures and prints server logs when a test fails.
 
 Importing this package starts nothing and does not import pytest.
 """

@@ -11,13 +11,13 @@ Fixtures:
   so a CI run can't go green by skipping every integration test.
 - ``nsqlookupd`` (session): one shared :class:`~nsq_sync.testing.NsqlookupdProcess`.
 - ``nsqd`` (session): one shared :class:`~nsq_sync.testing.NsqdProcess` registered with
-  ``nsqlookupd``. Tests share it, so give each test its own topic (the ``topic`` fixture) and
+  ``nsqlookupd``. Tests share it, so give each test its own topic (the ``nsq_topic`` fixture) and
   don't stop it; use ``nsqd_factory`` for a server a test may stop, kill or reconfigure.
 - ``nsqd_factory`` (function): ``nsqd_factory(*extra_args, lookupd=None)`` starts a fresh nsqd
   that is stopped when the test ends.
 - ``nsq_cluster`` (function): ``nsq_cluster(n=2)`` starts a fresh nsqlookupd and ``n`` nsqds
   registered with it (waiting until ``/nodes`` lists them all), stopped when the test ends.
-- ``topic`` (function): a unique valid topic name, ``t_<test name>_<8 hex digits>``.
+- ``nsq_topic`` (function): a unique valid topic name, ``t_<test name>_<8 hex digits>``.
 
 When a test fails, the last 100 log lines of every server it started or used are added to its
 report. Servers still running at the end of the session are stopped.
@@ -55,8 +55,8 @@ __all__ = [
     "nsq_cluster",
     "nsqd",
     "nsqd_factory",
+    "nsq_topic",
     "nsqlookupd",
-    "topic",
 ]
 
 _MARKERS = (
@@ -298,7 +298,7 @@ def nsq_cluster(
 
 
 @pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
+def nsq_topic(request: pytest.FixtureRequest) -> str:
     """A unique valid topic name: ``t_<sanitized test name>_<8 hex digits>``, at most 64 chars."""
     suffix = uuid.uuid4().hex[:8]
     room = _TOPIC_MAX - len("t_") - len("_") - len(suffix)

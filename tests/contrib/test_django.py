@@ -42,14 +42,14 @@ def _django(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _nsq_setting(request: pytest.FixtureRequest, nsqd: NsqdProcess, topic: str) -> Any:
+def _nsq_setting(request: pytest.FixtureRequest, nsqd: NsqdProcess, nsq_topic: str) -> Any:
     """Each test publishes to the shared nsqd, on its own topic."""
     from django.test import override_settings
 
-    with override_settings(NSQ={"nsqd_tcp_addresses": [nsqd.tcp_address]}, ORDERS_TOPIC=topic):
+    with override_settings(NSQ={"nsqd_tcp_addresses": [nsqd.tcp_address]}, ORDERS_TOPIC=nsq_topic):
         if request.cls is not None:
             request.cls.nsqd = nsqd
-            request.cls.topic = topic
+            request.cls.topic = nsq_topic
         yield
 
 
@@ -136,23 +136,23 @@ def _patched() -> bool:
     return bool(monkey and monkey.is_module_patched("socket"))
 
 
-def test_get_producer_is_one_per_process(nsqd: NsqdProcess, topic: str) -> None:
+def test_get_producer_is_one_per_process(nsqd: NsqdProcess, nsq_topic: str) -> None:
     from nsq_sync.contrib.django import get_producer
 
     producer = get_producer()
     assert isinstance(producer, Producer)
     assert get_producer() is producer
-    producer.publish(topic, b"parent")
+    producer.publish(nsq_topic, b"parent")
 
     def child() -> dict[str, Any]:
         new = get_producer()
-        new.publish(topic, b"child")
+        new.publish(nsq_topic, b"child")
         return {"new": new is not producer, "same": get_producer() is new}
 
     assert in_forked_child(child) == {"new": True, "same": True}
     assert get_producer() is producer  # the parent's is untouched
-    producer.publish(topic, b"parent again")
-    assert message_count(nsqd.http_address, topic) == 3
+    producer.publish(nsq_topic, b"parent again")
+    assert message_count(nsqd.http_address, nsq_topic) == 3
 
 
 # ------------------------------------------------------------------------------ system checks
@@ -296,50 +296,52 @@ def _migrated_db(tmp_path: Path, nsqd: NsqdProcess) -> tuple[Path, dict[str, str
 
 
 def test_nsq_consume_writes_through_the_orm_and_exits_0_on_sigterm(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     db, env = _migrated_db(tmp_path, nsqd)
     orders = [{"order_id": i, "item": f"item {i}"} for i in range(5)]
-    _publish_orders(nsqd, topic, orders)
-    proc = _consume(env, topic, "--handler", "shop.handlers.ship", "--concurrency", "2")
+    _publish_orders(nsqd, nsq_topic, orders)
+    proc = _consume(env, nsq_topic, "--handler", "shop.handlers.ship", "--concurrency", "2")
 
     def done() -> bool:
-        return len(_shipments(db)) == 5 and all_answered(_channel(nsqd, topic))
+        return len(_shipments(db)) == 5 and all_answered(_channel(nsqd, nsq_topic))
 
     code, err = sigterm_when(proc, done, "5 shipments in the database, 5 FINs at nsqd")
     assert code == 0, err
     assert _shipments(db) == [(o["order_id"], o["item"]) for o in orders]
-    assert_left_clean(_channel(nsqd, topic))
+    assert_left_clean(_channel(nsqd, nsq_topic))
 
 
-def test_nsq_consume_bad_handler_exits_2(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
+def test_nsq_consume_bad_handler_exits_2(tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str) -> None:
     _, env = _migrated_db(tmp_path, nsqd)
-    code, err = finish(_consume(env, topic, "--handler", "shop.handlers.nope"))
+    code, err = finish(_consume(env, nsq_topic, "--handler", "shop.handlers.nope"))
     assert code == 2
     assert "shop.handlers.nope" in err
 
 
-def test_nsq_consume_max_messages_exits_0(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
+def test_nsq_consume_max_messages_exits_0(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     db, env = _migrated_db(tmp_path, nsqd)
-    _publish_orders(nsqd, topic, [{"order_id": i, "item": "x"} for i in range(5)])
+    _publish_orders(nsqd, nsq_topic, [{"order_id": i, "item": "x"} for i in range(5)])
     code, err = finish(
-        _consume(env, topic, "--handler", "shop.handlers.ship", "--max-messages", "3")
+        _consume(env, nsq_topic, "--handler", "shop.handlers.ship", "--max-messages", "3")
     )
     assert code == 0, err
     assert len(_shipments(db)) == 3
-    wait_for(lambda: _channel(nsqd, topic).get("depth") == 2, "2 left at nsqd")
+    wait_for(lambda: _channel(nsqd, nsq_topic).get("depth") == 2, "2 left at nsqd")
 
 
 def test_nsq_consume_idle_timeout_exits_1_when_handlers_failed(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     db, env = _migrated_db(tmp_path, nsqd)
-    _publish_orders(nsqd, topic, [{"order_id": 1, "item": "x"}, {"order_id": 2, "fail": True}])
+    _publish_orders(nsqd, nsq_topic, [{"order_id": 1, "item": "x"}, {"order_id": 2, "fail": True}])
     started = time.monotonic()
     code, err = finish(
         _consume(
             env,
-            topic,
+            nsq_topic,
             "--handler",
             "shop.handlers.ship",
             "--idle-timeout",
@@ -354,15 +356,15 @@ def test_nsq_consume_idle_timeout_exits_1_when_handlers_failed(
 
 
 def test_nsq_consume_batch_size_writes_batches_through_the_orm(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     db, env = _migrated_db(tmp_path, nsqd)
     orders = [{"order_id": i, "item": f"item {i}"} for i in range(6)]
-    _publish_orders(nsqd, topic, orders)
+    _publish_orders(nsqd, nsq_topic, orders)
     # a long --batch-timeout: batches close because they are full, not because time passed
     proc = _consume(
         env,
-        topic,
+        nsq_topic,
         "--handler",
         "shop.handlers.ship_batch",
         "--batch-size",
@@ -372,22 +374,22 @@ def test_nsq_consume_batch_size_writes_batches_through_the_orm(
     )
 
     def done() -> bool:
-        return len(_shipments(db)) == 6 and all_answered(_channel(nsqd, topic))
+        return len(_shipments(db)) == 6 and all_answered(_channel(nsqd, nsq_topic))
 
     code, err = sigterm_when(proc, done, "6 shipments in the database, 6 FINs at nsqd")
     assert code == 0, err
     assert _shipments(db) == [(o["order_id"], o["item"]) for o in orders]
     assert err.count("shipped a batch of 3 orders") == 2, err
     assert "shipped a batch of" not in err.replace("shipped a batch of 3 orders", ""), err
-    assert_left_clean(_channel(nsqd, topic))
+    assert_left_clean(_channel(nsqd, nsq_topic))
 
 
 def test_nsq_consume_batch_timeout_needs_batch_size(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     _, env = _migrated_db(tmp_path, nsqd)
     code, err = finish(
-        _consume(env, topic, "--handler", "shop.handlers.ship_batch", "--batch-timeout", "1")
+        _consume(env, nsq_topic, "--handler", "shop.handlers.ship_batch", "--batch-timeout", "1")
     )
     assert code == 2
     assert "--batch-timeout needs --batch-size" in err

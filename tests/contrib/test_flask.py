@@ -37,8 +37,8 @@ def _app(**config: Any) -> Flask:
 
 
 @pytest.fixture
-def app(nsqd: NsqdProcess, topic: str) -> Any:
-    app = _app(NSQ_NSQD_TCP_ADDRESSES=[nsqd.tcp_address], NSQ_MAX_IN_FLIGHT="20", TOPIC=topic)
+def app(nsqd: NsqdProcess, nsq_topic: str) -> Any:
+    app = _app(NSQ_NSQD_TCP_ADDRESSES=[nsqd.tcp_address], NSQ_MAX_IN_FLIGHT="20", TOPIC=nsq_topic)
     nsq = NSQ(app)
 
     @app.route("/publish")
@@ -51,28 +51,30 @@ def app(nsqd: NsqdProcess, topic: str) -> Any:
     nsq.close()
 
 
-def test_a_view_publishes(app: Flask, nsqd: NsqdProcess, topic: str) -> None:
+def test_a_view_publishes(app: Flask, nsqd: NsqdProcess, nsq_topic: str) -> None:
     client = app.test_client()
     for _ in range(3):
         assert client.get("/publish").status_code == 200
-    assert message_count(nsqd.http_address, topic) == 3
+    assert message_count(nsqd.http_address, nsq_topic) == 3
     nsq: NSQ = app.extensions["test_nsq"]
     assert nsq.producer.config.max_in_flight == 20  # NSQ_<OPTION> reached the Config
 
 
-def test_init_app_in_a_factory_binds_through_the_app_context(nsqd: NsqdProcess, topic: str) -> None:
+def test_init_app_in_a_factory_binds_through_the_app_context(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     nsq = NSQ()
     app = _app(NSQ_NSQD_TCP_ADDRESSES=nsqd.tcp_address)
     nsq.init_app(app)
     with pytest.raises(RuntimeError):
-        nsq.publish(topic, b"no app context")
+        nsq.publish(nsq_topic, b"no app context")
     with app.app_context():
-        nsq.publish(topic, b"in an app context")
+        nsq.publish(nsq_topic, b"in an app context")
         producer = nsq.producer
         assert nsq.producer is producer
         nsq.close()
     assert producer.closed
-    assert message_count(nsqd.http_address, topic) == 1
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
 @pytest.mark.parametrize(
@@ -95,21 +97,21 @@ def test_unknown_key_suggests_the_option() -> None:
         NSQ(_app(NSQ_NSQD_TCP_ADDRESSES="h:1", NSQ_MAX_IN_FLITE=5))
 
 
-def test_producer_is_one_per_process(app: Flask, nsqd: NsqdProcess, topic: str) -> None:
+def test_producer_is_one_per_process(app: Flask, nsqd: NsqdProcess, nsq_topic: str) -> None:
     nsq: NSQ = app.extensions["test_nsq"]
     producer = nsq.producer
     assert nsq.producer is producer
-    nsq.publish(topic, b"parent")
+    nsq.publish(nsq_topic, b"parent")
 
     def child() -> dict[str, Any]:
         new = nsq.producer
-        nsq.publish(topic, b"child")
+        nsq.publish(nsq_topic, b"child")
         return {"new": new is not producer, "same": nsq.producer is new}
 
     assert in_forked_child(child) == {"new": True, "same": True}
     assert nsq.producer is producer
-    nsq.publish(topic, b"parent again")
-    assert message_count(nsqd.http_address, topic) == 3
+    nsq.publish(nsq_topic, b"parent again")
+    assert message_count(nsqd.http_address, nsq_topic) == 3
 
 
 # -------------------------------------------------------------------------- flask nsq consume
@@ -135,54 +137,63 @@ def _archived(path: Path) -> list[bytes]:
 
 
 def test_flask_consume_runs_handlers_in_an_app_context_and_exits_0_on_sigterm(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     archive = tmp_path / "archive.log"
     bodies = [b"event %d" % i for i in range(5)]
     with Producer(nsqd.tcp_address) as producer:
-        producer.multi_publish(topic, bodies)
+        producer.multi_publish(nsq_topic, bodies)
     proc = _flask_consume(
-        _example_env(nsqd, archive, topic), topic, "--handler", "app:archive", "--concurrency", "2"
+        _example_env(nsqd, archive, nsq_topic),
+        nsq_topic,
+        "--handler",
+        "app:archive",
+        "--concurrency",
+        "2",
     )
 
     def done() -> bool:
-        return _archived(archive) == bodies and all_answered(_channel(nsqd, topic))
+        return _archived(archive) == bodies and all_answered(_channel(nsqd, nsq_topic))
 
     # the handler finds ARCHIVE_FILE through current_app: it ran in an app context
     code, err = sigterm_when(proc, done, "5 archived bodies, 5 FINs at nsqd")
     assert code == 0, err
-    assert_left_clean(_channel(nsqd, topic))
+    assert_left_clean(_channel(nsqd, nsq_topic))
 
 
-def test_flask_consume_bad_handler_exits_2(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
-    env = _example_env(nsqd, tmp_path / "a.log", topic)
-    code, err = finish(_flask_consume(env, topic, "--handler", "app:nope"))
+def test_flask_consume_bad_handler_exits_2(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    env = _example_env(nsqd, tmp_path / "a.log", nsq_topic)
+    code, err = finish(_flask_consume(env, nsq_topic, "--handler", "app:nope"))
     assert code == 2
     assert "--handler" in err
 
 
-def test_flask_consume_max_messages_exits_0(tmp_path: Path, nsqd: NsqdProcess, topic: str) -> None:
+def test_flask_consume_max_messages_exits_0(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     archive = tmp_path / "archive.log"
     with Producer(nsqd.tcp_address) as producer:
-        producer.multi_publish(topic, [b"a", b"b", b"c"])
-    env = _example_env(nsqd, archive, topic)
+        producer.multi_publish(nsq_topic, [b"a", b"b", b"c"])
+    env = _example_env(nsqd, archive, nsq_topic)
     code, err = finish(
-        _flask_consume(env, topic, "--handler", "app:archive", "--max-messages", "2")
+        _flask_consume(env, nsq_topic, "--handler", "app:archive", "--max-messages", "2")
     )
     assert code == 0, err
     assert len(_archived(archive)) == 2
 
 
 def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     archive = tmp_path / "archive.log"
     with Producer(nsqd.tcp_address) as producer:
-        producer.multi_publish(topic, [b"ok", b"fail"])
-    env = _example_env(nsqd, archive, topic)
+        producer.multi_publish(nsq_topic, [b"ok", b"fail"])
+    env = _example_env(nsqd, archive, nsq_topic)
     code, err = finish(
         _flask_consume(
-            env, topic, "--handler", "app:archive", "--idle-timeout", "1", "--max-messages", "2"
+            env, nsq_topic, "--handler", "app:archive", "--idle-timeout", "1", "--max-messages", "2"
         )
     )
     assert code == 1, err
@@ -190,20 +201,27 @@ def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
 
 
 def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     archive = tmp_path / "archive.log"
     bodies = [b"event %d" % i for i in range(4)]
     with Producer(nsqd.tcp_address) as producer:
-        producer.multi_publish(topic, bodies)
-    env = _example_env(nsqd, archive, topic)
+        producer.multi_publish(nsq_topic, bodies)
+    env = _example_env(nsqd, archive, nsq_topic)
     # a long --batch-timeout: batches close because they are full, not because time passed
     proc = _flask_consume(
-        env, topic, "--handler", "app:archive_batch", "--batch-size", "2", "--batch-timeout", "30"
+        env,
+        nsq_topic,
+        "--handler",
+        "app:archive_batch",
+        "--batch-size",
+        "2",
+        "--batch-timeout",
+        "30",
     )
 
     def done() -> bool:
-        return len(_archived(archive)) == 2 and all_answered(_channel(nsqd, topic))
+        return len(_archived(archive)) == 2 and all_answered(_channel(nsqd, nsq_topic))
 
     # archive_batch finds ARCHIVE_FILE through current_app: it ran in an app context
     code, err = sigterm_when(proc, done, "2 archived batches, 4 FINs at nsqd")
@@ -211,16 +229,23 @@ def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context
     batches = [line.split(b"\t") for line in _archived(archive)]
     assert [len(batch) for batch in batches] == [2, 2]
     assert sorted(body for batch in batches for body in batch) == bodies
-    assert_left_clean(_channel(nsqd, topic))
+    assert_left_clean(_channel(nsqd, nsq_topic))
 
 
 def test_flask_consume_batch_size_with_concurrency_is_a_usage_error(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    env = _example_env(nsqd, tmp_path / "a.log", topic)
+    env = _example_env(nsqd, tmp_path / "a.log", nsq_topic)
     code, err = finish(
         _flask_consume(
-            env, topic, "--handler", "app:archive_batch", "--batch-size", "2", "--concurrency", "2"
+            env,
+            nsq_topic,
+            "--handler",
+            "app:archive_batch",
+            "--batch-size",
+            "2",
+            "--concurrency",
+            "2",
         )
     )
     assert code == 2

@@ -100,43 +100,47 @@ def _check_channel(nsqd: NsqdProcess, topic: str) -> None:
 
 
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
-def test_flask_example(tmp_path: Path, nsqd: NsqdProcess, topic: str, worker_class: str) -> None:
-    _check_channel(nsqd, topic)
-    env = dict(os.environ, NSQD_TCP_ADDRESSES=nsqd.tcp_address, EVENTS_TOPIC=topic)
+def test_flask_example(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str, worker_class: str
+) -> None:
+    _check_channel(nsqd, nsq_topic)
+    env = dict(os.environ, NSQD_TCP_ADDRESSES=nsqd.tcp_address, EVENTS_TOPIC=nsq_topic)
     server = _serve("app:app", FLASK_EXAMPLE, env, tmp_path, worker_class)
     publish = ("/publish", lambda i: {"body": f"event {i}"})
-    answers = _serve_and_publish(nsqd, topic, server, publish, worker_class)
-    received = _drain(nsqd, topic, "check", len(answers))
+    answers = _serve_and_publish(nsqd, nsq_topic, server, publish, worker_class)
+    received = _drain(nsqd, nsq_topic, "check", len(answers))
     assert sorted(received) == sorted(b"event %d" % i for i in range(len(answers)))  # each once
 
 
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
-def test_django_example(tmp_path: Path, nsqd: NsqdProcess, topic: str, worker_class: str) -> None:
-    _check_channel(nsqd, topic)
-    _, env = migrated_shop(tmp_path, NSQD_TCP_ADDRESSES=nsqd.tcp_address, ORDERS_TOPIC=topic)
+def test_django_example(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str, worker_class: str
+) -> None:
+    _check_channel(nsqd, nsq_topic)
+    _, env = migrated_shop(tmp_path, NSQD_TCP_ADDRESSES=nsqd.tcp_address, ORDERS_TOPIC=nsq_topic)
     # Django's own thread-locals need the master patched under gevent (see gunicorn_gevent.py)
     options = ("-c", "gunicorn_gevent.py") if worker_class == "gevent" else ()
     server = _serve("shop_site.wsgi", EXAMPLE, env, tmp_path, worker_class, options)
     publish = ("/orders", lambda i: {"item": f"item {i}"})
-    answers = _serve_and_publish(nsqd, topic, server, publish, worker_class)
-    received = [json.loads(b)["order_id"] for b in _drain(nsqd, topic, "check", len(answers))]
+    answers = _serve_and_publish(nsqd, nsq_topic, server, publish, worker_class)
+    received = [json.loads(b)["order_id"] for b in _drain(nsqd, nsq_topic, "check", len(answers))]
     assert sorted(received) == sorted(a["order_id"] for a in answers)  # each exactly once
 
 
 def test_producer_made_in_the_master_runs_on_gevent_in_gevent_workers(
-    tmp_path: Path, nsqd: NsqdProcess, topic: str
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     """A plain Producer made and used at import time in the --preload master (threads there)
     decides again in each -k gevent worker, at its first publish there."""
     support = Path(__file__).resolve().parents[1] / "support"
-    env = dict(os.environ, NSQD_TCP_ADDRESSES=nsqd.tcp_address, TOPIC=topic)
+    env = dict(os.environ, NSQD_TCP_ADDRESSES=nsqd.tcp_address, TOPIC=nsq_topic)
     server = _serve("preload_app:app", support, env, tmp_path, "gevent")
     try:
         answers = server.spread("/publish", lambda i: {"body": f"m{i}"}, REQUESTS)
         _check_spread_and_connections(
-            nsqd, topic, server, [a["pid"] for a in answers], expect_master=1
+            nsqd, nsq_topic, server, [a["pid"] for a in answers], expect_master=1
         )
-        assert message_count(nsqd.http_address, topic) == len(answers) + 1
+        assert message_count(nsqd.http_address, nsq_topic) == len(answers) + 1
     finally:
         status = server.stop()
     assert status == 0, server.log_text()

@@ -51,27 +51,27 @@ def make(nsqd: NsqdProcess, topic: str, handler: Any, **options: Any) -> BatchCo
 
 
 def test_batches_form_full_and_the_last_closes_at_batch_timeout(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 45)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 45)
     handler = Batches()
-    consumer = make(nsqd, topic, handler, batch_size=10, batch_timeout=1.0)
+    consumer = make(nsqd, nsq_topic, handler, batch_size=10, batch_timeout=1.0)
     assert consumer.stats().max_in_flight == 10  # defaults to batch_size
     summary = consumer.run(idle_timeout=2.0, timeout=60.0)
     assert handler.sizes == [10, 10, 10, 10, 5]
     assert summary.reason == "idle"
     assert (summary.handled, summary.finished, summary.requeued, summary.failed) == (45, 45, 0, 0)
     assert summary.ok
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_more_credit_than_a_batch_fills_the_next_batch_while_one_runs(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    prepare_channel(nsqd, topic, CHANNEL, 60)
+    prepare_channel(nsqd, nsq_topic, CHANNEL, 60)
     handler = Batches()
-    consumer = make(nsqd, topic, handler, batch_size=20, batch_timeout=5.0, max_in_flight=40)
+    consumer = make(nsqd, nsq_topic, handler, batch_size=20, batch_timeout=5.0, max_in_flight=40)
     summary = consumer.run(max_messages=60, timeout=60.0)
     assert handler.sizes == [20, 20, 20]
     assert summary.reason == "max_messages"
@@ -79,12 +79,12 @@ def test_more_credit_than_a_batch_fills_the_next_batch_while_one_runs(
 
 
 def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     """The first batch fails: all of it is requeued (with no delay here) and backoff sends
     RDY 0. After backoff, the probe's RDY 1 lets one message in: that batch cannot grow, so
     it closes at once (batch_timeout is far away) rather than waiting for credit."""
-    client = prepare_channel(nsqd, topic, CHANNEL, 10)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 10)
 
     def fail_first(batch: list[Message], index: int) -> None:
         if index == 0:
@@ -93,7 +93,7 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     handler = Batches(fail_first)
     consumer = make(
         nsqd,
-        topic,
+        nsq_topic,
         handler,
         batch_size=10,
         batch_timeout=30.0,
@@ -108,13 +108,15 @@ def test_a_failed_batch_is_requeued_as_a_unit_and_backoff_closes_the_open_batch(
     assert sum(sizes[1:]) == 10
     assert (summary.failed, summary.requeued, summary.finished) == (10, 10, 10)
     assert not summary.ok
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 10
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
-def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, topic: str) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 5)
+def test_messages_the_handler_answered_itself_are_left_alone(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 5)
     seen: list[tuple[bytes, int]] = []
 
     def answer_one(batch: list[Message], index: int) -> None:
@@ -124,19 +126,19 @@ def test_messages_the_handler_answered_itself_are_left_alone(nsqd: NsqdProcess, 
                 message.requeue(0.0, backoff=False)
 
     handler = Batches(answer_one)
-    consumer = make(nsqd, topic, handler, batch_size=5, batch_timeout=1.0)
+    consumer = make(nsqd, nsq_topic, handler, batch_size=5, batch_timeout=1.0)
     summary = consumer.run(idle_timeout=1.0, timeout=60.0)
     assert handler.sizes[0] == 5
     assert (summary.finished, summary.requeued, summary.failed) == (5, 1, 0)
     assert (b"m2", 2) in seen
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["requeue_count"], stats["in_flight_count"], stats["depth"]) == (1, 0, 0)
 
 
 def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 3)
     given_up: list[bytes] = []
 
     def fail(batch: list[Message], index: int) -> None:
@@ -144,7 +146,7 @@ def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
 
     consumer = make(
         nsqd,
-        topic,
+        nsq_topic,
         Batches(fail),
         batch_size=3,
         batch_timeout=0.5,
@@ -154,7 +156,7 @@ def test_a_batch_on_its_last_attempt_goes_to_the_give_up_handler(
     summary = consumer.run(idle_timeout=1.0, timeout=60.0)
     assert sorted(given_up) == [b"m0", b"m1", b"m2"]
     assert (summary.failed, summary.gave_up, summary.requeued, summary.finished) == (3, 3, 0, 3)
-    assert settled_channel(client, topic, CHANNEL)["in_flight_count"] == 0
+    assert settled_channel(client, nsq_topic, CHANNEL)["in_flight_count"] == 0
 
 
 @pytest.mark.parametrize(
@@ -174,49 +176,49 @@ def test_bad_options_raise_at_construction(kwargs: dict[str, Any], match: str) -
 
 
 def test_stop_from_the_batch_handler_finishes_that_batch_and_ends_run(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     """stop() cannot wait for the batch that calls it: it must not hang until its deadline
     (the connections would close first and nsqd would redeliver the batch)."""
-    client = prepare_channel(nsqd, topic, CHANNEL, 4)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 4)
     holder: list[BatchConsumer] = []
 
     def stop_now(batch: list[Message], index: int) -> None:
         assert holder[0].stop() is False  # started, not finished: this batch is still running
 
-    consumer = make(nsqd, topic, Batches(stop_now), batch_size=4, batch_timeout=5.0)
+    consumer = make(nsqd, nsq_topic, Batches(stop_now), batch_size=4, batch_timeout=5.0)
     holder.append(consumer)
     summary = consumer.run(timeout=60.0)
     assert summary.reason == "stopped"
     assert (summary.finished, summary.requeued) == (4, 0)
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
 
 
 def test_system_exit_in_the_batch_handler_requeues_the_batch_and_run_reraises_it(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 3)
 
     def leave(batch: list[Message], index: int) -> None:
         raise SystemExit(3)
 
-    consumer = make(nsqd, topic, Batches(leave), batch_size=3, batch_timeout=5.0)
+    consumer = make(nsqd, nsq_topic, Batches(leave), batch_size=3, batch_timeout=5.0)
     with pytest.raises(SystemExit) as raised:
         consumer.run(timeout=60.0)
     assert raised.value.code == 3
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (3, 0, 3)
 
 
 def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     """Regression: the consumer's stop saw nothing in flight once a batch's FINs were counted
     and closed the connections while the batch task was still writing them; nsqd then kept
     the batch in flight until its timeout. The write is slowed down here to widen that gap."""
-    client = prepare_channel(nsqd, topic, CHANNEL, 4)
-    consumer = make(nsqd, topic, Batches(), batch_size=4, batch_timeout=5.0)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 4)
+    consumer = make(nsqd, nsq_topic, Batches(), batch_size=4, batch_timeout=5.0)
     inner = consumer._consumer
     write = inner._write_answers
 
@@ -227,5 +229,5 @@ def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(
     inner._write_answers = slow_write  # type: ignore[method-assign]
     summary = consumer.run(max_messages=4, timeout=60.0)
     assert summary.finished == 4
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)

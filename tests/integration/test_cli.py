@@ -90,20 +90,20 @@ def has_client(nsqd: NsqdProcess, topic: str) -> bool:
 # --------------------------------------------------------------------------- pub
 
 
-def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, topic: str) -> None:
-    prepare_channel(nsqd, topic, "ch", 0)
-    done = nsq_sync("pub", topic, "héllo", "world", "--nsqd-tcp-address", nsqd.tcp_address)
+def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    prepare_channel(nsqd, nsq_topic, "ch", 0)
+    done = nsq_sync("pub", nsq_topic, "héllo", "world", "--nsqd-tcp-address", nsqd.tcp_address)
     assert done.returncode == 0, done.stderr
     assert done.stdout == b""
     lines = b"one\r\ntwo\n\nthree\nfour\nfive"
     done = nsq_sync(
-        "--nsqd-tcp-address", nsqd.tcp_address, "pub", topic, "--batch", "2", stdin=lines
+        "--nsqd-tcp-address", nsqd.tcp_address, "pub", nsq_topic, "--batch", "2", stdin=lines
     )
     assert done.returncode == 0, done.stderr
     assert b"skipped 1 empty line" in done.stderr
     # read them back through the command line: every body, in order, as JSON lines
     drained = nsq_sync(
-        "drain", topic, "ch", "--format", "json", "--idle-timeout", "0.5",
+        "drain", nsq_topic, "ch", "--format", "json", "--idle-timeout", "0.5",
         "--nsqd-tcp-address", nsqd.tcp_address,
     )  # fmt: skip
     assert drained.returncode == 0, drained.stderr
@@ -112,15 +112,15 @@ def test_pub_arguments_and_stdin_lines_reach_nsqd(nsqd: NsqdProcess, topic: str)
     assert all(len(r["id"]) == 16 and r["attempts"] == 1 and r["timestamp"] > 0 for r in records)
 
 
-def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
-    prepare_channel(nsqd, topic, "ch", 0)
+def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    prepare_channel(nsqd, nsq_topic, "ch", 0)
     addr = ("--nsqd-tcp-address", nsqd.tcp_address)
-    done = nsq_sync("pub", topic, "later", "--delay", "60", *addr)
+    done = nsq_sync("pub", nsq_topic, "later", "--delay", "60", *addr)
     assert done.returncode == 0, done.stderr
-    assert settled_channel(http(nsqd), topic, "ch")["deferred_count"] == 1
-    done = nsq_sync("pub", topic, "--rate", "200", *addr, stdin=b"a\nb\nc\nd\n")
+    assert settled_channel(http(nsqd), nsq_topic, "ch")["deferred_count"] == 1
+    done = nsq_sync("pub", nsq_topic, "--rate", "200", *addr, stdin=b"a\nb\nc\nd\n")
     assert done.returncode == 0, done.stderr
-    assert settled_channel(http(nsqd), topic, "ch")["depth"] == 4
+    assert settled_channel(http(nsqd), nsq_topic, "ch")["depth"] == 4
 
 
 @pytest.mark.parametrize(
@@ -139,14 +139,14 @@ def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, topic: str) -> None:
     ],
 )
 def test_bad_input_exits_2_with_nothing_sent(
-    nsqd: NsqdProcess, topic: str, args: list[str], words: str
+    nsqd: NsqdProcess, nsq_topic: str, args: list[str], words: str
 ) -> None:
-    args = [topic if a == "TOPIC" else a for a in args]
+    args = [nsq_topic if a == "TOPIC" else a for a in args]
     done = nsq_sync(*args, "--nsqd-tcp-address", nsqd.tcp_address)
     assert done.returncode == 2
     assert words in done.stderr.decode()
     assert "Traceback" not in done.stderr.decode()
-    assert http(nsqd).topic_stats(topic) is None  # nothing reached nsqd
+    assert http(nsqd).topic_stats(nsq_topic) is None  # nothing reached nsqd
 
 
 def test_no_server_given_and_no_command_are_usage_errors() -> None:
@@ -196,18 +196,18 @@ def test_a_wrong_port_is_one_line_naming_it_and_exit_1(nsqd: NsqdProcess, args: 
 
 
 def test_tail_n_prints_exactly_n_messages_on_an_ephemeral_channel(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    http(nsqd).create_topic(topic)
+    http(nsqd).create_topic(nsq_topic)
     proc = spawn(
-        "tail", topic, "-n", "3", "--format", "raw", "--nsqd-tcp-address", nsqd.tcp_address
+        "tail", nsq_topic, "-n", "3", "--format", "raw", "--nsqd-tcp-address", nsqd.tcp_address
     )
     try:
-        wait_for(lambda: has_client(nsqd, topic), "tail to subscribe")
-        entry = http(nsqd).topic_stats(topic)
+        wait_for(lambda: has_client(nsqd, nsq_topic), "tail to subscribe")
+        entry = http(nsqd).topic_stats(nsq_topic)
         assert entry is not None
         assert [c["channel_name"].endswith("#ephemeral") for c in entry["channels"]] == [True]
-        http(nsqd).mpub(topic, [b"a", b"b", b"c", b"d", b"e"])
+        http(nsqd).mpub(nsq_topic, [b"a", b"b", b"c", b"d", b"e"])
         out, err = proc.communicate(timeout=RUN_TIMEOUT)
     finally:
         proc.kill()
@@ -217,14 +217,18 @@ def test_tail_n_prints_exactly_n_messages_on_an_ephemeral_channel(
 
 @pytest.mark.parametrize("command", ["tail", "drain"])
 def test_sigterm_is_a_graceful_stop_with_exit_0(
-    nsqd: NsqdProcess, topic: str, command: str
+    nsqd: NsqdProcess, nsq_topic: str, command: str
 ) -> None:
-    prepare_channel(nsqd, topic, "ch", 0)
-    args = ["tail", topic] if command == "tail" else ["drain", topic, "ch", "--idle-timeout", "600"]
+    prepare_channel(nsqd, nsq_topic, "ch", 0)
+    args = (
+        ["tail", nsq_topic]
+        if command == "tail"
+        else ["drain", nsq_topic, "ch", "--idle-timeout", "600"]
+    )
     proc = spawn(*args, "--nsqd-tcp-address", nsqd.tcp_address)
     try:
-        wait_for(lambda: has_client(nsqd, topic), f"{command} to subscribe")
-        http(nsqd).pub(topic, b"one")
+        wait_for(lambda: has_client(nsqd, nsq_topic), f"{command} to subscribe")
+        http(nsqd).pub(nsq_topic, b"one")
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"one\n"
         proc.send_signal(signal.SIGTERM)
@@ -234,7 +238,7 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(
     assert proc.returncode == 0, err
     assert "Traceback" not in err.decode()
     if command == "drain":
-        stats = settled_channel(http(nsqd), topic, "ch")
+        stats = settled_channel(http(nsqd), nsq_topic, "ch")
         assert (stats["depth"], stats["in_flight_count"], stats["message_count"]) == (0, 0, 1)
 
 
@@ -242,60 +246,62 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(
 
 
 def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
-    nsqd: NsqdProcess, topic: str, tmp_path: Path
+    nsqd: NsqdProcess, nsq_topic: str, tmp_path: Path
 ) -> None:
-    prepare_channel(nsqd, topic, "ch", 25)
+    prepare_channel(nsqd, nsq_topic, "ch", 25)
     out = tmp_path / "drained.txt"
     done = nsq_sync(
         "--nsqd-tcp-address", nsqd.tcp_address,
-        "drain", topic, "ch", "-o", str(out), "--idle-timeout", "0.5",
+        "drain", nsq_topic, "ch", "-o", str(out), "--idle-timeout", "0.5",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == (b"", b"")  # piped: no progress, nothing extra
     assert sorted(out.read_bytes().splitlines()) == sorted(f"m{i}".encode() for i in range(25))
-    stats = settled_channel(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
 def test_drain_max_messages_takes_that_many_and_hands_the_rest_back(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    prepare_channel(nsqd, topic, "ch", 20)
+    prepare_channel(nsqd, nsq_topic, "ch", 20)
     done = nsq_sync(
-        "drain", topic, "ch", "--max-messages", "5", "--nsqd-tcp-address", nsqd.tcp_address
+        "drain", nsq_topic, "ch", "--max-messages", "5", "--nsqd-tcp-address", nsqd.tcp_address
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 5
-    stats = settled_channel(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (15, 0, 0)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_drain_exits_1_when_messages_failed_and_requeues_them(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    prepare_channel(nsqd, topic, "ch", 3)
+    prepare_channel(nsqd, nsq_topic, "ch", 3)
     done = nsq_sync(
-        "drain", topic, "ch", "-o", "/dev/full", "--idle-timeout", "0.5", "--timeout", "20",
+        "drain", nsq_topic, "ch", "-o", "/dev/full", "--idle-timeout", "0.5", "--timeout", "20",
         "--nsqd-tcp-address", nsqd.tcp_address,
     )  # fmt: skip
     assert done.returncode == 1
     assert "failed" in done.stderr.decode()
-    stats = settled_channel(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == 3  # nothing was lost
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
-def test_drain_stopped_by_sigterm_after_failures_exits_0(nsqd: NsqdProcess, topic: str) -> None:
+def test_drain_stopped_by_sigterm_after_failures_exits_0(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """SIGTERM is a graceful stop, and a graceful stop is success even after some messages
     failed and went back to nsqd (a deploy stopping a worker must not look like a failure)."""
-    prepare_channel(nsqd, topic, "ch", 2)
-    proc = spawn("drain", topic, "ch", "-o", "/dev/full", "--nsqd-tcp-address", nsqd.tcp_address)
+    prepare_channel(nsqd, nsq_topic, "ch", 2)
+    proc = spawn(
+        "drain", nsq_topic, "ch", "-o", "/dev/full", "--nsqd-tcp-address", nsqd.tcp_address
+    )
     try:
 
         def failed_once() -> bool:
-            entry = http(nsqd).topic_stats(topic)
+            entry = http(nsqd).topic_stats(nsq_topic)
             return bool(entry and any(c["requeue_count"] for c in entry["channels"]))
 
         wait_for(failed_once, "a failed message to be requeued")
@@ -304,17 +310,17 @@ def test_drain_stopped_by_sigterm_after_failures_exits_0(nsqd: NsqdProcess, topi
     finally:
         proc.kill()
     assert proc.returncode == 0, err  # (the failures themselves are logged with their traceback)
-    stats = settled_channel(http(nsqd), topic, "ch")
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == 2  # nothing was lost
 
 
-def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) -> None:
-    prepare_channel(nsqd, topic, "ch", 30)
+def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    prepare_channel(nsqd, nsq_topic, "ch", 30)
     master, slave = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [*NSQ_SYNC_CMD, "drain", topic, "ch", "--idle-timeout", "1",
+            [*NSQ_SYNC_CMD, "drain", nsq_topic, "ch", "--idle-timeout", "1",
              "--nsqd-tcp-address", nsqd.tcp_address],
             stdout=subprocess.PIPE,
             stderr=slave,
@@ -352,25 +358,25 @@ def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, topic: str) 
 
 
 def test_stats_prints_an_aligned_table_with_a_row_per_topic_and_channel(
-    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, topic: str
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, nsq_topic: str
 ) -> None:
     with http(nsqd) as client:
-        client.create_topic(topic)
-        client.create_channel(topic, "alpha")
-        client.create_channel(topic, "beta")
-        client.mpub(topic, [b"1", b"2", b"3", b"4"])  # 4 copies: one per channel
+        client.create_topic(nsq_topic)
+        client.create_channel(nsq_topic, "alpha")
+        client.create_channel(nsq_topic, "beta")
+        client.mpub(nsq_topic, [b"1", b"2", b"3", b"4"])  # 4 copies: one per channel
     for source in (["--nsqd-http-address", nsqd.http_address],
                    ["--lookupd-http-address", nsqlookupd.http_address]):  # fmt: skip
-        done = nsq_sync("stats", "--topic", topic, *source)
+        done = nsq_sync("stats", "--topic", nsq_topic, *source)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.decode().splitlines()
         header = lines[0]
         assert header.split()[:6] == ["NSQD", "TOPIC", "CHANNEL", "DEPTH", "IN_FLIGHT", "DEFERRED"]
         rows = [line.split() for line in lines[1:]]
         assert [r[1:4] for r in rows] == [
-            [topic, "-", "0"],
-            [topic, "alpha", "4"],
-            [topic, "beta", "4"],
+            [nsq_topic, "-", "0"],
+            [nsq_topic, "alpha", "4"],
+            [nsq_topic, "beta", "4"],
         ]
         assert {r[0] for r in rows} == {nsqd.http_address}
         # aligned: every column's cell ends where its header ends (numbers right-aligned)
@@ -381,18 +387,23 @@ def test_stats_prints_an_aligned_table_with_a_row_per_topic_and_channel(
 
 
 def test_lookup_prints_the_nsqds_that_carry_the_topic(
-    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, topic: str
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, nsq_topic: str
 ) -> None:
-    http(nsqd).create_topic(topic)
+    http(nsqd).create_topic(nsq_topic)
     wait_for(
-        lambda: nsq_sync("lookup", topic, "--lookupd-http-address", nsqlookupd.http_address).stdout,
+        lambda: (
+            nsq_sync("lookup", nsq_topic, "--lookupd-http-address", nsqlookupd.http_address).stdout
+        ),
         "lookupd to learn the topic",
     )
-    done = nsq_sync("--lookupd-http-address", nsqlookupd.http_address, "lookup", topic)
+    done = nsq_sync("--lookupd-http-address", nsqlookupd.http_address, "lookup", nsq_topic)
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode().splitlines() == [nsqd.tcp_address]
     unknown = nsq_sync(
-        "lookup", "never_published_" + topic[-8:], "--lookupd-http-address", nsqlookupd.http_address
+        "lookup",
+        "never_published_" + nsq_topic[-8:],
+        "--lookupd-http-address",
+        nsqlookupd.http_address,
     )
     assert (unknown.returncode, unknown.stdout) == (0, b"")
 
@@ -402,17 +413,17 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cron_drain.py"
 
 @pytest.mark.parametrize(("bodies", "status"), [([b'{"id": 1}', b'{"id": 2}'], 0), ([b"{"], 1)])
 def test_the_cron_example_exits_by_whether_everything_was_handled(
-    nsqd: NsqdProcess, topic: str, bodies: list[bytes], status: int
+    nsqd: NsqdProcess, nsq_topic: str, bodies: list[bytes], status: int
 ) -> None:
-    prepare_channel(nsqd, topic, "export", 0)
-    http(nsqd).mpub(topic, bodies)
-    env = dict(os.environ, NSQD_TCP_ADDRESS=nsqd.tcp_address, TOPIC=topic, IDLE_TIMEOUT="0.5")
+    prepare_channel(nsqd, nsq_topic, "export", 0)
+    http(nsqd).mpub(nsq_topic, bodies)
+    env = dict(os.environ, NSQD_TCP_ADDRESS=nsqd.tcp_address, TOPIC=nsq_topic, IDLE_TIMEOUT="0.5")
     done = subprocess.run(
         [sys.executable, str(EXAMPLE)], env=env, capture_output=True, timeout=RUN_TIMEOUT
     )
     assert done.returncode == status, done.stderr
     assert b"idle: handled" in done.stderr
-    stats = settled_channel(http(nsqd), topic, "export")
+    stats = settled_channel(http(nsqd), nsq_topic, "export")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] == (0 if status == 0 else len(bodies))
 

@@ -127,45 +127,45 @@ def _round_trip(server: NsqdProcess, topic: str, options: dict[str, Any], compre
 
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
-def test_compressed_round_trip(nsqd: NsqdProcess, topic: str, compression: str) -> None:
+def test_compressed_round_trip(nsqd: NsqdProcess, nsq_topic: str, compression: str) -> None:
     """nsqd flags: none (shared nsqd; --snappy and --deflate default to true in v1.3.0)."""
-    _round_trip(nsqd, topic, {compression: True}, compression)
+    _round_trip(nsqd, nsq_topic, {compression: True}, compression)
 
 
-def test_deflate_level_is_negotiated(nsqd_factory: Any, topic: str) -> None:
+def test_deflate_level_is_negotiated(nsqd_factory: Any, nsq_topic: str) -> None:
     """nsqd flags: --max-deflate-level=3."""
     server = nsqd_factory("--max-deflate-level=3")
     with Producer(server.tcp_address, deflate=True, deflate_level=9) as producer:
-        producer.publish(topic, b"z" * 100_000)
+        producer.publish(nsq_topic, b"z" * 100_000)
         conn = producer._slots[0].conn
         assert conn is not None and conn.identify.deflate
         assert conn.identify.deflate_level == 3  # nsqd caps the level at its maximum
-    _read_back(server.tcp_address, Config(deflate=True), topic, [b"z" * 100_000]).close()
-    _wait_all_finished(server.http_address, topic, 1)
+    _read_back(server.tcp_address, Config(deflate=True), nsq_topic, [b"z" * 100_000]).close()
+    _wait_all_finished(server.http_address, nsq_topic, 1)
 
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 def test_compression_over_tls_round_trip(
-    nsqd_factory: Any, pki: Pki, topic: str, compression: str
+    nsqd_factory: Any, pki: Pki, nsq_topic: str, compression: str
 ) -> None:
     """nsqd flags: --tls-cert --tls-key (compression layered over TLS)."""
     server = nsqd_factory(f"--tls-cert={pki.server_cert}", f"--tls-key={pki.server_key}")
     options = {"tls_v1": True, "tls_root_ca_file": str(pki.ca_cert), compression: True}
-    _round_trip(server, topic, options, compression)
+    _round_trip(server, nsq_topic, options, compression)
 
 
 @pytest.mark.parametrize("compression", ["snappy", "deflate"])
 def test_compression_disabled_on_nsqd_warns(
-    nsqd_factory: Any, topic: str, compression: str, caplog: pytest.LogCaptureFixture
+    nsqd_factory: Any, nsq_topic: str, compression: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """nsqd flags: --snappy=false or --deflate=false."""
     server = nsqd_factory(f"--{compression}=false")
     caplog.set_level(logging.WARNING, logger="nsq_sync")
     with Producer(server.tcp_address, **{compression: True}) as producer:
-        producer.publish(topic, b"uncompressed after all")
-        client = _client_for(server.http_address, topic)
+        producer.publish(nsq_topic, b"uncompressed after all")
+        client = _client_for(server.http_address, nsq_topic)
         assert client[compression] is False
-    assert message_count(server.http_address, topic) == 1
+    assert message_count(server.http_address, nsq_topic) == 1
     assert f"compression {compression} requested but not enabled on nsqd" in caplog.text
 
 
@@ -188,7 +188,7 @@ def _count_nops(conn: NsqdConnection) -> list[int]:
     return sent
 
 
-def test_heartbeats_answered_on_idle_connection(nsqd: NsqdProcess, topic: str) -> None:
+def test_heartbeats_answered_on_idle_connection(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd; IDENTIFY heartbeat_interval=1 s, read_timeout=3 s)."""
     collector = Collector()
     conn = NsqdConnection(
@@ -203,44 +203,44 @@ def test_heartbeats_answered_on_idle_connection(nsqd: NsqdProcess, topic: str) -
         wait_for(lambda: nops[0] >= 5 or conn.closed, "5 heartbeats answered", timeout=15.0)
         assert not conn.closed, conn.close_error
         assert conn.reader_alive
-        assert conn.request(commands.pub(topic, b"after idling"), timeout=10.0) == b"OK"
+        assert conn.request(commands.pub(nsq_topic, b"after idling"), timeout=10.0) == b"OK"
         assert collector.closed == []
     finally:
         conn.close()
         conn.join(10.0)
-    assert message_count(nsqd.http_address, topic) == 1
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
-def test_producer_survives_idle_period(nsqd: NsqdProcess, topic: str) -> None:
+def test_producer_survives_idle_period(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd; Producer heartbeat_interval=1 s, read_timeout=3 s).
 
     Publishing connections read only while a publish waits, so they IDENTIFY with heartbeats
     disabled: an idle producer must not be dropped by nsqd for unanswered heartbeats."""
     with Producer(nsqd.tcp_address, heartbeat_interval=1.0, read_timeout=3.0) as producer:
-        producer.publish(topic, b"before idling")
+        producer.publish(nsq_topic, b"before idling")
         conn = producer._slots[0].conn
         assert conn is not None
-        address = _client_for(nsqd.http_address, topic)["remote_address"]
+        address = _client_for(nsqd.http_address, nsq_topic)["remote_address"]
         # Idle for longer than two heartbeat intervals plus the read timeout: with heartbeats
         # on and nobody reading, nsqd would have closed the connection by now.
         threading.Event().wait(4.0)
         assert not conn.closed, conn.close_error
-        producer.publish(topic, b"after idling")
+        producer.publish(nsq_topic, b"after idling")
         assert producer._slots[0].conn is conn  # no reconnect was needed
-        assert _client_for(nsqd.http_address, topic)["remote_address"] == address
-    assert message_count(nsqd.http_address, topic) == 2
+        assert _client_for(nsqd.http_address, nsq_topic)["remote_address"] == address
+    assert message_count(nsqd.http_address, nsq_topic) == 2
 
 
 # ------------------------------------------------------------------------------------- close
 
 
-def test_close_is_idempotent(nsqd: NsqdProcess, topic: str) -> None:
+def test_close_is_idempotent(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     collector = Collector()
     conn = NsqdConnection(nsqd.tcp_address, handler=collector)
     conn.connect()
     conn.start_reader()
-    assert conn.request(commands.pub(topic, b"x"), timeout=10.0) == b"OK"
+    assert conn.request(commands.pub(nsq_topic, b"x"), timeout=10.0) == b"OK"
 
     closers = [threading.Thread(target=conn.close) for _ in range(4)]
     for t in closers:
@@ -254,20 +254,20 @@ def test_close_is_idempotent(nsqd: NsqdProcess, topic: str) -> None:
     assert collector.closed == [None]  # reported once, as a local close (no error)
     assert conn.close_error is None
     with pytest.raises(ConnectionClosed) as info:
-        conn.request(commands.pub(topic, b"y"), timeout=1.0)
+        conn.request(commands.pub(nsq_topic, b"y"), timeout=1.0)
     assert info.value.by_server is False
     with pytest.raises(ConnectionClosed):
         conn.send(commands.nop())
     wait_for(
         lambda: (
             not any(
-                any(pc.get("topic") == topic for pc in c.get("pub_counts") or [])
+                any(pc.get("topic") == nsq_topic for pc in c.get("pub_counts") or [])
                 for c in producer_clients(nsqd.http_address)
             )
         ),
         "nsqd to see the connection closed",
     )
-    assert message_count(nsqd.http_address, topic) == 1
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
 def test_close_before_connect_and_after_failed_connect() -> None:
@@ -283,10 +283,10 @@ def test_close_before_connect_and_after_failed_connect() -> None:
     assert conn.closed and conn.join(1.0)
 
 
-def test_producer_close_is_idempotent_and_thread_safe(nsqd: NsqdProcess, topic: str) -> None:
+def test_producer_close_is_idempotent_and_thread_safe(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     producer = Producer(nsqd.tcp_address)
-    producer.publish(topic, b"x")
+    producer.publish(nsq_topic, b"x")
     closers = [threading.Thread(target=producer.close) for _ in range(4)]
     for t in closers:
         t.start()
@@ -297,7 +297,7 @@ def test_producer_close_is_idempotent_and_thread_safe(nsqd: NsqdProcess, topic: 
     with producer:  # __exit__ closes again
         pass
     assert producer.closed
-    assert message_count(nsqd.http_address, topic) == 1
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
 # -------------------------------------------------------------------------------- pipelining
@@ -314,7 +314,7 @@ def raw_conn(nsqd: NsqdProcess) -> Iterator[NsqdConnection]:
 
 
 def test_pipelined_requests_from_many_threads(
-    raw_conn: NsqdConnection, nsqd: NsqdProcess, topic: str
+    raw_conn: NsqdConnection, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     """nsqd flags: none (shared nsqd). 16 threads x 200 requests on one NsqdConnection, each
     thread on its own topic and mixing PUB, MPUB and DPUB."""
@@ -323,7 +323,7 @@ def test_pipelined_requests_from_many_threads(
     errors: list[BaseException] = []
 
     def work(n: int) -> None:
-        t = f"{topic[:56]}_{n}"
+        t = f"{nsq_topic[:56]}_{n}"
         try:
             for i in range(per_thread):
                 if i % 10 == 1:
@@ -346,11 +346,11 @@ def test_pipelined_requests_from_many_threads(
     assert all(a == [b"OK"] * per_thread for a in answers.values())
     per_topic = per_thread + per_thread // 10  # each MPUB carries two messages
     for n in range(threads_n):
-        assert message_count(nsqd.http_address, f"{topic[:56]}_{n}") == per_topic
+        assert message_count(nsqd.http_address, f"{nsq_topic[:56]}_{n}") == per_topic
     assert not raw_conn.closed
 
 
-def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, topic: str) -> None:
+def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, nsq_topic: str) -> None:
     """nsqd flags: --max-msg-size=100. One thread sends an oversize PUB while 8 others pipeline
     good ones on the same connection: only that thread gets E_BAD_MESSAGE, every OK anyone
     received is a message nsqd counted, and requests behind the error see the connection close."""
@@ -365,7 +365,7 @@ def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, topic: str) 
     def good(n: int) -> None:
         try:
             while True:
-                conn.request(commands.pub(topic, b"good %d" % n), timeout=30.0)
+                conn.request(commands.pub(nsq_topic, b"good %d" % n), timeout=30.0)
                 oks[n] += 1
                 if sum(oks) >= 400:
                     progress.set()
@@ -375,7 +375,7 @@ def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, topic: str) 
     def bad() -> None:
         progress.wait(30.0)
         try:
-            conn.request(commands.pub(topic, b"x" * 101), timeout=30.0)
+            conn.request(commands.pub(nsq_topic, b"x" * 101), timeout=30.0)
         except BaseException as exc:
             outcomes["bad"] = exc
 
@@ -396,4 +396,4 @@ def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, topic: str) 
     assert len(others) == 8
     assert all(isinstance(e, NSQConnectionError) for e in others), others
     assert sum(oks) >= 400
-    assert message_count(server.http_address, topic) == sum(oks)
+    assert message_count(server.http_address, nsq_topic) == sum(oks)

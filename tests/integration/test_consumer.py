@@ -119,12 +119,12 @@ def gevent_patched() -> bool:
 
 
 def test_consumes_everything_and_finishes_it(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    client = prepare(nsqd, topic, bodies(300))
+    client = prepare(nsqd, nsq_topic, bodies(300))
     handler = Recorder()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -135,7 +135,7 @@ def test_consumes_everything_and_finishes_it(
     wait_for(lambda: handler.handled == 300, "300 messages handled")
     assert sorted(handler.bodies) == sorted(bodies(300))
     assert set(handler.attempts) == {1}
-    wait_for(lambda: drained(client, topic), "an empty channel")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     stats = consumer.stats()
     assert stats.finished == 300 and stats.requeued == 0 and stats.gave_up == 0
     assert stats.total_rdy == 20 and stats.max_in_flight == 20
@@ -146,12 +146,12 @@ def test_consumes_everything_and_finishes_it(
 
 
 def test_slow_handler_keeps_its_connection_through_heartbeats(
-    nsqd_factory: Callable[..., NsqdProcess], topic: str, consumers: Callable[..., Consumer]
+    nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """A 3 s handler with a 1 s heartbeat and a 2.5 s read timeout: the reader answers the
     heartbeats itself, so the connection survives and the message is handled exactly once."""
     nsqd = nsqd_factory("--msg-timeout=30s")
-    client = prepare(nsqd, topic, [b"slow"])
+    client = prepare(nsqd, nsq_topic, [b"slow"])
     started = threading.Event()
 
     def slow(message: Message) -> None:
@@ -160,7 +160,7 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
 
     handler = Recorder(slow)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -171,9 +171,9 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
     assert started.wait(TIMEOUT)
     conn = consumer._conns[nsqd.tcp_address]
     wait_for(lambda: handler.handled == 1, "the slow message handled", timeout=15)
-    wait_for(lambda: drained(client, topic), "an empty channel")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     assert handler.calls == 1 and handler.attempts == [1]
-    stats = channel(client, topic)
+    stats = channel(client, nsq_topic)
     assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
     assert stats["message_count"] == 1
     # the same connection, still alive: heartbeats kept it open while the handler ran
@@ -186,9 +186,9 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
 
 
 def test_max_attempts_gives_up_on_the_third_attempt(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    client = prepare(nsqd, topic, bodies(3))
+    client = prepare(nsqd, nsq_topic, bodies(3))
     given_up: list[tuple[bytes, int]] = []
     lock = threading.Lock()
 
@@ -201,7 +201,7 @@ def test_max_attempts_gives_up_on_the_third_attempt(
 
     handler = Recorder(fail)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -215,7 +215,7 @@ def test_max_attempts_gives_up_on_the_third_attempt(
     wait_for(lambda: len(given_up) == 3, "three messages given up")
     assert sorted(given_up) == [(b, 3) for b in bodies(3)]
     assert handler.calls == 9  # attempts 1, 2 and 3 of each message ran the handler
-    wait_for(lambda: drained(client, topic), "an empty channel (depth 0, in flight 0)")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel (depth 0, in flight 0)")
     stats = consumer.stats()
     assert stats.gave_up == 3 and stats.requeued == 6 and stats.finished == 3
     assert not stats.in_backoff
@@ -225,23 +225,23 @@ def test_max_attempts_gives_up_on_the_third_attempt(
 
 
 def test_reconnects_after_nsqd_restart(
-    nsqd_factory: Callable[..., NsqdProcess], topic: str, consumers: Callable[..., Consumer]
+    nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     nsqd = nsqd_factory()
-    client = prepare(nsqd, topic, bodies(10, "before"))
+    client = prepare(nsqd, nsq_topic, bodies(10, "before"))
     handler = Recorder()
     consumer = consumers(
-        topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=5
+        nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=5
     )
     consumer.start()
     wait_for(lambda: handler.handled == 10, "the first 10 messages")
     first = consumer._conns[nsqd.tcp_address]
-    wait_for(lambda: drained(client, topic), "the first batch finished on nsqd")
+    wait_for(lambda: drained(client, nsq_topic), "the first batch finished on nsqd")
 
     nsqd.restart()
     wait_for(lambda: first.closed, "the old connection noticed the restart")
     client = http(nsqd)
-    client.mpub(topic, bodies(20, "after"))
+    client.mpub(nsq_topic, bodies(20, "after"))
 
     def reconnected() -> bool:
         conn = consumer._conns.get(nsqd.tcp_address)
@@ -252,7 +252,7 @@ def test_reconnects_after_nsqd_restart(
     assert sorted(b for b in handler.bodies if b.startswith(b"after")) == sorted(
         bodies(20, "after")
     )
-    wait_for(lambda: drained(client, topic), "an empty channel after the restart")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel after the restart")
 
 
 # --------------------------------------------------------------------------- stop
@@ -261,7 +261,7 @@ def test_reconnects_after_nsqd_restart(
 @pytest.mark.parametrize(("max_in_flight", "concurrency"), [(1, 1), (50, 8), (2500, 4)])
 def test_stop_under_load_leaves_nothing_in_flight(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Callable[..., Consumer],
     max_in_flight: int,
     concurrency: int,
@@ -271,13 +271,13 @@ def test_stop_under_load_leaves_nothing_in_flight(
     --msg-timeout), and the requeues must not come straight back (a requeue storm)."""
     nsqd = nsqd_factory()
     published = 10_000
-    client = prepare(nsqd, topic)
+    client = prepare(nsqd, nsq_topic)
     for batch in range(5):
-        client.mpub(topic, bodies(2000, f"b{batch}-"))
+        client.mpub(nsq_topic, bodies(2000, f"b{batch}-"))
 
     handler = Recorder()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -291,7 +291,7 @@ def test_stop_under_load_leaves_nothing_in_flight(
     assert handled < published, "stop came too late to test anything"
 
     def settled() -> dict[str, Any] | None:
-        stats = channel(client, topic)
+        stats = channel(client, nsq_topic)
         return stats if stats["in_flight_count"] == 0 and stats["client_count"] == 0 else None
 
     # nsqd processes the last FIN/REQ a moment after the socket closes; a dropped message
@@ -309,10 +309,10 @@ def test_stop_under_load_leaves_nothing_in_flight(
 
 
 def test_stop_is_idempotent_and_final(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    prepare(nsqd, topic)
-    consumer = consumers(topic, CHANNEL, Recorder(), nsqd_tcp_addresses=nsqd.tcp_address)
+    prepare(nsqd, nsq_topic)
+    consumer = consumers(nsq_topic, CHANNEL, Recorder(), nsqd_tcp_addresses=nsqd.tcp_address)
     consumer.start()
     wait_for(lambda: consumer.connections, "a connection")
     assert consumer.stop(timeout=5.0) is True
@@ -328,11 +328,11 @@ def test_stop_is_idempotent_and_final(
 
 
 def test_backoff_on_failures_then_recovery(
-    nsqd_factory: Callable[..., NsqdProcess], topic: str, consumers: Callable[..., Consumer]
+    nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     nsqd = nsqd_factory()
     total, failing = 20, 3
-    client = prepare(nsqd, topic, bodies(total))
+    client = prepare(nsqd, nsq_topic, bodies(total))
     failures = 0
     lock = threading.Lock()
 
@@ -345,7 +345,7 @@ def test_backoff_on_failures_then_recovery(
 
     handler = Recorder(flaky)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -361,7 +361,7 @@ def test_backoff_on_failures_then_recovery(
     def sample() -> None:
         sampler_client = http(nsqd)
         while not stop_sampling.is_set():
-            samples.append((consumer.stats().in_backoff, ready_counts(sampler_client, topic)))
+            samples.append((consumer.stats().in_backoff, ready_counts(sampler_client, nsq_topic)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -378,20 +378,20 @@ def test_backoff_on_failures_then_recovery(
         "nsqd never saw RDY 0 during backoff"
     )
     wait_for(lambda: not consumer.stats().in_backoff, "backoff to end")
-    wait_for(lambda: drained(client, topic), "an empty channel")
-    wait_for(lambda: ready_counts(client, topic) == [5], "full RDY back on nsqd")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
+    wait_for(lambda: ready_counts(client, nsq_topic) == [5], "full RDY back on nsqd")
     assert consumer.stats().backoff_level == 0
     assert sorted(handler.bodies) == sorted(bodies(total))
 
 
 def test_backoff_climbs_two_levels_and_comes_back_down(
-    nsqd_factory: Callable[..., NsqdProcess], topic: str, consumers: Callable[..., Consumer]
+    nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """max_in_flight 1, so every result counts: fail, fail (the probe) -> level 2; then the
     probes succeed: level 1 (a new, shorter timer: a FIN must wake the RDY timer), level 0."""
     nsqd = nsqd_factory()
     total = 6
-    client = prepare(nsqd, topic, bodies(total))
+    client = prepare(nsqd, nsq_topic, bodies(total))
     outcomes = iter([False, False] + [True] * 20)
     levels: list[int] = []
 
@@ -402,7 +402,7 @@ def test_backoff_climbs_two_levels_and_comes_back_down(
 
     handler = Recorder(scripted)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -415,54 +415,54 @@ def test_backoff_climbs_two_levels_and_comes_back_down(
     wait_for(lambda: handler.handled == total, "every message after backing off", timeout=15)
     # handled while at level: 0 (fails), 1 (probe fails), 2 (probe ok), 1 (probe ok), 0...
     assert levels[:5] == [0, 1, 2, 1, 0], levels
-    wait_for(lambda: drained(client, topic), "an empty channel")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     assert not consumer.stats().in_backoff
-    wait_for(lambda: ready_counts(client, topic) == [1], "RDY 1 (= max_in_flight) on nsqd")
+    wait_for(lambda: ready_counts(client, nsq_topic) == [1], "RDY 1 (= max_in_flight) on nsqd")
 
 
 # --------------------------------------------------------------------------- pause / resume
 
 
 def test_set_max_in_flight_zero_pauses_and_resume_consumes(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    client = prepare(nsqd, topic, bodies(5, "a"))
+    client = prepare(nsqd, nsq_topic, bodies(5, "a"))
     handler = Recorder()
     consumer = consumers(
-        topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=4
+        nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=4
     )
     consumer.start()
     wait_for(lambda: handler.handled == 5, "the first 5 messages")
     consumer.set_max_in_flight(0)
-    wait_for(lambda: ready_counts(client, topic) == [0], "RDY 0 on nsqd")
-    wait_for(lambda: channel(client, topic)["in_flight_count"] == 0, "nothing in flight")
-    client.mpub(topic, bodies(5, "b"))
+    wait_for(lambda: ready_counts(client, nsq_topic) == [0], "RDY 0 on nsqd")
+    wait_for(lambda: channel(client, nsq_topic)["in_flight_count"] == 0, "nothing in flight")
+    client.mpub(nsq_topic, bodies(5, "b"))
     # The new messages reach the channel and stay there: nsqd holds them back at RDY 0.
-    wait_for(lambda: channel(client, topic)["depth"] == 5, "5 messages waiting on nsqd")
-    stats = channel(client, topic)
-    assert stats["in_flight_count"] == 0 and ready_counts(client, topic) == [0]
+    wait_for(lambda: channel(client, nsq_topic)["depth"] == 5, "5 messages waiting on nsqd")
+    stats = channel(client, nsq_topic)
+    assert stats["in_flight_count"] == 0 and ready_counts(client, nsq_topic) == [0]
     assert handler.handled == 5
     assert consumer.stats().total_rdy == 0
 
     consumer.set_max_in_flight(3)
     wait_for(lambda: handler.handled == 10, "the 5 messages published while paused")
-    wait_for(lambda: drained(client, topic), "an empty channel")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     assert consumer.stats().max_in_flight == 3
-    assert 1 <= ready_counts(client, topic)[0] <= 3
+    assert 1 <= ready_counts(client, nsq_topic)[0] <= 3
 
 
 # --------------------------------------------------------------------------- touch / async
 
 
 def test_touch_keeps_a_message_past_msg_timeout(
-    nsqd_factory: Callable[..., NsqdProcess], topic: str, consumers: Callable[..., Consumer]
+    nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Two long jobs on an nsqd with a 1 s message timeout: the one that does not TOUCH is timed
     out and redelivered (the control: nsqd only starts scanning a new channel for timeouts after
     its next channel-list refresh, up to 5 s later), the one that TOUCHes every 0.25 s all along
     and for 2.5 s after that is not."""
     nsqd = nsqd_factory("--msg-timeout=1s")
-    client = prepare(nsqd, topic, [b"control", b"touched"])
+    client = prepare(nsqd, nsq_topic, [b"control", b"touched"])
     timed_out = threading.Event()
 
     def long_job(message: Message) -> None:
@@ -479,7 +479,7 @@ def test_touch_keeps_a_message_past_msg_timeout(
 
     handler = Recorder(long_job)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -487,21 +487,23 @@ def test_touch_keeps_a_message_past_msg_timeout(
         concurrency=2,
     )
     consumer.start()
-    wait_for(lambda: channel(client, topic)["timeout_count"] >= 1, "nsqd to time out the control")
+    wait_for(
+        lambda: channel(client, nsq_topic)["timeout_count"] >= 1, "nsqd to time out the control"
+    )
     timed_out.set()
     wait_for(lambda: b"touched" in handler.bodies, "the touched job", timeout=TIMEOUT)
     wait_for(lambda: handler.bodies.count(b"control") == 2, "the control's redelivery")
-    wait_for(lambda: drained(client, topic), "an empty channel")
-    assert channel(client, topic)["timeout_count"] == 1, "the touched message timed out too"
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
+    assert channel(client, nsq_topic)["timeout_count"] == 1, "the touched message timed out too"
     touched = [a for b, a in zip(handler.bodies, handler.attempts) if b == b"touched"]
     assert touched == [1]
     assert sorted(a for b, a in zip(handler.bodies, handler.attempts) if b == b"control") == [1, 2]
 
 
 def test_enable_async_and_finish_from_another_thread(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    client = prepare(nsqd, topic, bodies(20))
+    client = prepare(nsqd, nsq_topic, bodies(20))
     handed_off: list[Message] = []
     lock = threading.Lock()
     finisher_done = threading.Event()
@@ -513,7 +515,7 @@ def test_enable_async_and_finish_from_another_thread(
 
     handler = Recorder(hand_off)
     consumer = consumers(
-        topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=20
+        nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=20
     )
 
     def finisher() -> None:
@@ -537,7 +539,7 @@ def test_enable_async_and_finish_from_another_thread(
     worker.start()
     assert finisher_done.wait(TIMEOUT + 5)
     worker.join(TIMEOUT)
-    wait_for(lambda: drained(client, topic), "an empty channel")
+    wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     stats = consumer.stats()
     assert stats.finished == 20 and stats.requeued == 2
     assert sorted(set(handler.bodies)) == sorted(bodies(20))
@@ -548,9 +550,9 @@ def test_enable_async_and_finish_from_another_thread(
 
 
 def test_is_starved_while_handlers_hold_max_in_flight(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
-    client = prepare(nsqd, topic, bodies(6))
+    client = prepare(nsqd, nsq_topic, bodies(6))
     release = threading.Event()
 
     def block(message: Message) -> None:
@@ -559,7 +561,7 @@ def test_is_starved_while_handlers_hold_max_in_flight(
 
     handler = Recorder(block)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -570,7 +572,7 @@ def test_is_starved_while_handlers_hold_max_in_flight(
     consumer.start()
     wait_for(lambda: consumer.stats().in_flight == 2, "2 messages in flight")
     assert consumer.is_starved() is True
-    assert channel(client, topic)["in_flight_count"] == 2
+    assert channel(client, nsq_topic)["in_flight_count"] == 2
     release.set()
     wait_for(lambda: handler.handled == 6, "all messages")
     wait_for(lambda: consumer.stats().in_flight == 0, "nothing in flight")
@@ -609,16 +611,16 @@ RUN_SCRIPT = textwrap.dedent(
 )
 
 
-def test_run_stops_gracefully_on_sigterm(nsqd: NsqdProcess, topic: str, tmp_path: Path) -> None:
+def test_run_stops_gracefully_on_sigterm(nsqd: NsqdProcess, nsq_topic: str, tmp_path: Path) -> None:
     published = 30
-    client = prepare(nsqd, topic, bodies(published))
+    client = prepare(nsqd, nsq_topic, bodies(published))
     script = tmp_path / "run_consumer.py"
     script.write_text(RUN_SCRIPT)
     out = tmp_path / "out.txt"
     env = dict(os.environ, NSQ_SYNC_TEST_GEVENT="1" if gevent_patched() else "0")
     with open(out, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, str(script), nsqd.tcp_address, topic, CHANNEL],
+            [sys.executable, str(script), nsqd.tcp_address, nsq_topic, CHANNEL],
             stdout=fh,
             stderr=subprocess.STDOUT,
             env=env,
@@ -639,7 +641,7 @@ def test_run_stops_gracefully_on_sigterm(nsqd: NsqdProcess, topic: str, tmp_path
     assert finished == text.count("handling")  # every handler that started was finished
 
     def settled() -> dict[str, Any] | None:
-        stats = channel(client, topic)
+        stats = channel(client, nsq_topic)
         return stats if stats["in_flight_count"] == 0 and stats["client_count"] == 0 else None
 
     stats = wait_for(settled, "0 in flight on nsqd after the subprocess exited", timeout=5.0)
@@ -647,12 +649,12 @@ def test_run_stops_gracefully_on_sigterm(nsqd: NsqdProcess, topic: str, tmp_path
 
 
 def test_wait_connected_and_configuration_errors_are_logged_as_errors(
-    nsqd: NsqdProcess, topic: str, caplog: pytest.LogCaptureFixture
+    nsqd: NsqdProcess, nsq_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """nsqd flags: none (shared). A consumer pointed at nsqd's HTTP port cannot connect: it
     says so at ERROR (a configuration error, retried slowly), and wait_connected() times out;
     pointed at the TCP port, wait_connected() returns True."""
-    wrong = Consumer(topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.http_address])
+    wrong = Consumer(nsq_topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.http_address])
     caplog.set_level(logging.ERROR, logger="nsq_sync")
     wrong.start()
     try:
@@ -661,7 +663,7 @@ def test_wait_connected_and_configuration_errors_are_logged_as_errors(
         assert any("HTTP" in r.getMessage() for r in caplog.records)
     finally:
         wrong.stop(5.0)
-    right = Consumer(topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.tcp_address])
+    right = Consumer(nsq_topic, "ch", lambda m: None, nsqd_tcp_addresses=[nsqd.tcp_address])
     right.start()
     try:
         assert right.wait_connected(timeout=10.0)

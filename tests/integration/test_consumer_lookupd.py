@@ -99,17 +99,17 @@ def drained(client: NsqdHTTPClient, topic: str) -> bool:
 def test_discovers_two_nsqds_and_one_that_joins_later(
     nsq_cluster: Any,
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Callable[..., Consumer],
 ) -> None:
     cluster = nsq_cluster(2)
     first, second = cluster.nsqds
-    clients = [publish(first, topic, 20, "a"), publish(second, topic, 20, "b")]
-    wait_listed(cluster.lookupd, topic, [first, second])
+    clients = [publish(first, nsq_topic, 20, "a"), publish(second, nsq_topic, 20, "b")]
+    wait_listed(cluster.lookupd, nsq_topic, [first, second])
 
     handler = Recorder()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -123,18 +123,18 @@ def test_discovers_two_nsqds_and_one_that_joins_later(
 
     # a third nsqd joins mid-run: the next lookupd poll finds it
     third = nsqd_factory(lookupd=cluster.lookupd)
-    clients.append(publish(third, topic, 15, "c"))
-    wait_listed(cluster.lookupd, topic, [third])
+    clients.append(publish(third, nsq_topic, 15, "c"))
+    wait_listed(cluster.lookupd, nsq_topic, [third])
     wait_for(lambda: third.tcp_address in consumer.connections, "a connection to the new nsqd")
     wait_for(lambda: handler.handled == 55, "the new nsqd's messages")
     assert handler.by_address()[third.tcp_address] == 15
     for client in clients:
-        wait_for(lambda client=client: drained(client, topic), "every channel empty")
+        wait_for(lambda client=client: drained(client, nsq_topic), "every channel empty")
     assert len({body for body, _ in handler.seen}) == 55
 
 
 def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
-    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+    nsq_cluster: Any, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """max_in_flight < connections: credit rotates between the nsqds (so all are consumed) and
     the RDY the nsqds report never adds up to more than 2.
@@ -147,12 +147,12 @@ def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
     """
     cluster = nsq_cluster(3)
     per_nsqd = 40
-    clients = [publish(n, topic, per_nsqd, f"n{i}-") for i, n in enumerate(cluster.nsqds)]
-    wait_listed(cluster.lookupd, topic, list(cluster.nsqds))
+    clients = [publish(n, nsq_topic, per_nsqd, f"n{i}-") for i, n in enumerate(cluster.nsqds)]
+    wait_listed(cluster.lookupd, nsq_topic, list(cluster.nsqds))
 
     handler = Recorder(delay=0.01)  # ~2 s of work: many sweeps, many rotations
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -167,7 +167,7 @@ def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
     stop_sampling = threading.Event()
 
     def ready(client: NsqdHTTPClient) -> int:
-        return sum(c["ready_count"] for c in channel(client, topic)["clients"])
+        return sum(c["ready_count"] for c in channel(client, nsq_topic)["clients"])
 
     def sample() -> None:
         samplers = [NsqdHTTPClient(n.http_url) for n in cluster.nsqds]
@@ -193,12 +193,12 @@ def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
         settled = [min(a, b) for a, b in zip(before, after)]
         assert sum(settled) <= 2, (before, after)
     for client in clients:
-        wait_for(lambda client=client: drained(client, topic), "every channel empty")
+        wait_for(lambda client=client: drained(client, nsq_topic), "every channel empty")
 
 
 def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
     nsq_cluster: Any,
-    topic: str,
+    nsq_topic: str,
     consumers: Callable[..., Consumer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -208,13 +208,13 @@ def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
     afresh and lookupd would list it again.)"""
     cluster = nsq_cluster(2)
     kept, dropped = cluster.nsqds
-    kept_client = publish(kept, topic, 10, "k")
-    dropped_client = publish(dropped, topic, 10, "d")
-    wait_listed(cluster.lookupd, topic, [kept, dropped])
+    kept_client = publish(kept, nsq_topic, 10, "k")
+    dropped_client = publish(dropped, nsq_topic, 10, "d")
+    wait_listed(cluster.lookupd, nsq_topic, [kept, dropped])
 
     handler = Recorder()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -225,15 +225,15 @@ def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
     wait_for(lambda: handler.handled == 20, "the first 20 messages")
 
     with LookupdClient(cluster.lookupd.http_url) as lookupd:
-        lookupd.tombstone_topic_producer(topic, dropped.http_address)
+        lookupd.tombstone_topic_producer(nsq_topic, dropped.http_address)
         wait_for(
-            lambda: dropped.tcp_address not in {p.tcp_address for p in lookupd.lookup(topic)},
+            lambda: dropped.tcp_address not in {p.tcp_address for p in lookupd.lookup(nsq_topic)},
             "lookupd to stop listing the tombstoned nsqd",
         )
     polls = consumer._discovery.polls
     wait_for(lambda: consumer._discovery.polls >= polls + 2, "two lookupd polls")
     assert consumer.connections == sorted([kept.tcp_address, dropped.tcp_address])
-    dropped_client.mpub(topic, [b"d-after-%d" % i for i in range(5)])
+    dropped_client.mpub(nsq_topic, [b"d-after-%d" % i for i in range(5)])
     wait_for(lambda: handler.handled == 25, "the tombstoned nsqd's new messages")
 
     dropped.stop()
@@ -249,18 +249,18 @@ def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
     ]
     assert redials == [], "an nsqd no lookupd lists was dialled again"
     assert consumer.connections == [kept.tcp_address]
-    kept_client.mpub(topic, [b"k-after-%d" % i for i in range(10)])
+    kept_client.mpub(nsq_topic, [b"k-after-%d" % i for i in range(10)])
     wait_for(lambda: handler.handled == 35, "the kept nsqd's new messages")
-    wait_for(lambda: drained(kept_client, topic), "the kept channel empty")
+    wait_for(lambda: drained(kept_client, nsq_topic), "the kept channel empty")
     # all of max_in_flight is back on the one nsqd left
     wait_for(
-        lambda: [c["ready_count"] for c in channel(kept_client, topic)["clients"]] == [4],
+        lambda: [c["ready_count"] for c in channel(kept_client, nsq_topic)["clients"]] == [4],
         "RDY 4 on the remaining nsqd",
     )
 
 
 def test_lookupd_restart_keeps_every_nsqd_connection(
-    nsq_cluster: Any, topic: str, consumers: Callable[..., Consumer]
+    nsq_cluster: Any, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Issue 11 item 5: after nsqlookupd restarts it answers 404 TOPIC_NOT_FOUND until nsqd
     re-registers (on nsqd's next ping, up to 15 s later). That is no reason to close a live
@@ -268,11 +268,11 @@ def test_lookupd_restart_keeps_every_nsqd_connection(
     consuming until nsqd re-registered)."""
     cluster = nsq_cluster(1)
     [nsqd] = cluster.nsqds
-    client = publish(nsqd, topic, 10, "before")
-    wait_listed(cluster.lookupd, topic, [nsqd])
+    client = publish(nsqd, nsq_topic, 10, "before")
+    wait_listed(cluster.lookupd, nsq_topic, [nsqd])
     handler = Recorder()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -286,11 +286,11 @@ def test_lookupd_restart_keeps_every_nsqd_connection(
     with LookupdClient(cluster.lookupd.http_url) as lookupd:
         # nsqd re-registers on its next ping (0-15 s from now): deleting the topic holds the
         # 404 a restarted lookupd answers for the rest of the test, whenever that ping comes
-        lookupd.delete_topic(topic)
+        lookupd.delete_topic(nsq_topic)
         polls = consumer._discovery.polls
         wait_for(lambda: consumer._discovery.polls >= polls + 2, "two polls answering 404")
-        assert lookupd.lookup(topic) == []
-    client.mpub(topic, [b"after%d" % i for i in range(10)])
+        assert lookupd.lookup(nsq_topic) == []
+    client.mpub(nsq_topic, [b"after%d" % i for i in range(10)])
     wait_for(lambda: handler.handled == 20, "messages published after the restart", timeout=5.0)
     assert consumer.connections == [nsqd.tcp_address]
-    assert channel(client, topic)["client_count"] == 1
+    assert channel(client, nsq_topic)["client_count"] == 1

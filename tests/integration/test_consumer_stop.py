@@ -69,11 +69,11 @@ def gevent_patched() -> bool:
 
 
 def test_stop_from_a_handler_finishes_its_message_and_run_returns(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Issue 11 item 7: a handler calls stop(). No exception; the message is FINed when the
     handler returns; run() (main thread) returns; no task, thread or connection is left."""
-    client = prepare(nsqd, topic, 1)
+    client = prepare(nsqd, nsq_topic, 1)
     outcome: dict[str, Any] = {}
     consumer: Consumer
 
@@ -84,32 +84,34 @@ def test_stop_from_a_handler_finishes_its_message_and_run_returns(
             outcome["error"] = exc
             raise
 
-    consumer = consumers(topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
+    consumer = consumers(nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
     started = time.monotonic()
     consumer.run()  # returns once fully stopped
     elapsed = time.monotonic() - started
     assert "error" not in outcome, outcome
     assert outcome["stop"] is False  # documented: the handler cannot wait for itself
-    stats = channel(client, topic)
+    stats = channel(client, nsq_topic)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0
     assert stats["message_count"] == 1
     assert consumer.stats().finished == 1
     assert consumer.connections == []
-    wait_for(lambda: channel(client, topic)["client_count"] == 0, "nsqd to see the client leave")
+    wait_for(
+        lambda: channel(client, nsq_topic)["client_count"] == 0, "nsqd to see the client leave"
+    )
     if not gevent_patched():
-        wait_for(lambda: not consumer_tasks(topic), "every consumer thread to end", timeout=5.0)
+        wait_for(lambda: not consumer_tasks(nsq_topic), "every consumer thread to end", timeout=5.0)
     assert consumer.stop(timeout=1.0) is True
     assert elapsed < 10.0, f"run() took {elapsed:.1f} s"  # the old code waited out the timeout
 
 
 def test_concurrent_stop_calls_each_wait_for_the_stop(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Issue 11 item 9: while a handler runs, a second stop() with a short timeout returns False
     (not stopped yet) instead of True at once; once the handler returns, every stop() returns
     True, and only when the consumer has stopped."""
-    client = prepare(nsqd, topic, 1)
+    client = prepare(nsqd, nsq_topic, 1)
     entered = threading.Event()
     release = threading.Event()
 
@@ -117,13 +119,13 @@ def test_concurrent_stop_calls_each_wait_for_the_stop(
         entered.set()
         release.wait(TIMEOUT)
 
-    consumer = consumers(topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
+    consumer = consumers(nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address)
     consumer.start()
     assert entered.wait(TIMEOUT)
     results: list[bool] = []
     first = threading.Thread(target=lambda: results.append(consumer.stop(timeout=15.0)))
     first.start()
-    wait_for(lambda: channel(client, topic)["clients"][0]["ready_count"] == 0, "RDY 0 at nsqd")
+    wait_for(lambda: channel(client, nsq_topic)["clients"][0]["ready_count"] == 0, "RDY 0 at nsqd")
     assert consumer.stop(timeout=0.3) is False  # the old code returned True here
     assert first.is_alive()
     release.set()
@@ -131,17 +133,17 @@ def test_concurrent_stop_calls_each_wait_for_the_stop(
     assert results == [True]
     assert consumer.stop(timeout=1.0) is True
     assert consumer.connections == []
-    stats = channel(client, topic)
+    stats = channel(client, nsq_topic)
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["requeue_count"] == 0
 
 
 @pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])
 def test_handler_raising_system_exit_requeues_stops_and_run_reraises(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer], exc_type: type
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer], exc_type: type
 ) -> None:
     """Issue 11 item 8: SystemExit/KeyboardInterrupt from a handler requeues that message, stops
     the consumer gracefully, and run() re-raises it in the thread that called run()."""
-    client = prepare(nsqd, topic, 5)
+    client = prepare(nsqd, nsq_topic, 5)
     calls: list[bytes] = []
 
     def handler(message: Message) -> None:
@@ -149,7 +151,7 @@ def test_handler_raising_system_exit_requeues_stops_and_run_reraises(
         raise exc_type(3)
 
     consumer = consumers(
-        topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=5
+        nsq_topic, CHANNEL, handler, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=5
     )
     raised: list[BaseException] = []
 
@@ -165,30 +167,30 @@ def test_handler_raising_system_exit_requeues_stops_and_run_reraises(
     assert not runner.is_alive(), "run() did not return (the old code never did)"
     assert len(raised) == 1 and type(raised[0]) is exc_type, raised
     assert len(calls) == 1  # the messages queued behind it were requeued, not handled
-    wait_for(lambda: channel(client, topic)["client_count"] == 0, "the consumer disconnected")
-    stats = channel(client, topic)
+    wait_for(lambda: channel(client, nsq_topic)["client_count"] == 0, "the consumer disconnected")
+    stats = channel(client, nsq_topic)
     assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
     assert stats["depth"] == 5  # everything back in the queue: nothing lost, nothing finished
     assert consumer.stats().finished == 0
     if not gevent_patched():
-        wait_for(lambda: not consumer_tasks(topic), "every consumer thread to end", timeout=5.0)
+        wait_for(lambda: not consumer_tasks(nsq_topic), "every consumer thread to end", timeout=5.0)
 
 
 # --------------------------------------------------------------------------- hung lookupd
 
 
 def test_hung_lookupd_delays_neither_direct_nsqds_nor_stop(
-    nsqd: NsqdProcess, nsqlookupd: Any, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsqlookupd: Any, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Issue 11 item 6: with a lookupd that accepts and never answers (lookupd_http_timeout
     20 s), the direct nsqd's message is handled and stop() returns long before the query could
     time out (the old code waited the full query before dialling, and stop() waited for it)."""
-    prepare(nsqd, topic, 1)
+    prepare(nsqd, nsq_topic, 1)
     handled = threading.Event()
     with FaultProxy(nsqlookupd.http_address) as proxy:
         proxy.stall()
         consumer = consumers(
-            topic,
+            nsq_topic,
             CHANNEL,
             lambda m: handled.set(),
             nsqd_tcp_addresses=nsqd.tcp_address,
@@ -212,11 +214,11 @@ def test_hung_lookupd_delays_neither_direct_nsqds_nor_stop(
 
 
 def test_fin_rejected_by_nsqd_is_not_counted_as_finished(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Issue 11 item 10: a handler outlives msg_timeout; nsqd times the message out and answers
     its FIN with E_FIN_FAILED. stats().finished counts only the redelivery's FIN."""
-    client = prepare(nsqd, topic, 1)
+    client = prepare(nsqd, nsq_topic, 1)
     timed_out = threading.Event()
     attempts: list[int] = []
 
@@ -226,7 +228,7 @@ def test_fin_rejected_by_nsqd_is_not_counted_as_finished(
             assert timed_out.wait(TIMEOUT)
 
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         handler,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -236,10 +238,12 @@ def test_fin_rejected_by_nsqd_is_not_counted_as_finished(
         default_requeue_delay=0,
     )
     consumer.start()
-    wait_for(lambda: channel(client, topic)["timeout_count"] == 1, "nsqd to time the message out")
+    wait_for(
+        lambda: channel(client, nsq_topic)["timeout_count"] == 1, "nsqd to time the message out"
+    )
     timed_out.set()
     wait_for(lambda: attempts == [1, 2] or attempts == [2, 1], "the redelivery handled")
-    wait_for(lambda: channel(client, topic)["in_flight_count"] == 0, "nothing in flight")
+    wait_for(lambda: channel(client, nsq_topic)["in_flight_count"] == 0, "nothing in flight")
 
     def settled() -> bool:
         # the rejected FIN's E_FIN_FAILED has been read once finished + rejections settle
@@ -254,14 +258,14 @@ def test_fin_rejected_by_nsqd_is_not_counted_as_finished(
 
 
 def test_application_thread_answer_racing_the_worker_answers_once(
-    nsqd: NsqdProcess, topic: str, consumers: Callable[..., Consumer]
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
     """Suspected in issue 11: a handler hands its message to an application thread that
     requeues it while the handler returns (the worker then FINs it). Exactly one answer may go
     out per message: a double answer shows as E_FIN_FAILED/E_REQ_FAILED and as
     finished + requeued > received."""
     n = 2000
-    client = prepare(nsqd, topic, n)
+    client = prepare(nsqd, nsq_topic, n)
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible: widen the race window
     try:
@@ -274,7 +278,7 @@ def test_application_thread_answer_racing_the_worker_answers_once(
                 t.start()
 
         consumer = consumers(
-            topic,
+            nsq_topic,
             CHANNEL,
             handler,
             nsqd_tcp_addresses=nsqd.tcp_address,
@@ -282,12 +286,12 @@ def test_application_thread_answer_racing_the_worker_answers_once(
             concurrency=4,
         )
         consumer.start()
-        wait_for(lambda: channel(client, topic)["message_count"] == n, "published")
+        wait_for(lambda: channel(client, nsq_topic)["message_count"] == n, "published")
         wait_for(
             lambda: (
-                channel(client, topic)["depth"] == 0
-                and channel(client, topic)["in_flight_count"] == 0
-                and channel(client, topic)["deferred_count"] == 0
+                channel(client, nsq_topic)["depth"] == 0
+                and channel(client, nsq_topic)["in_flight_count"] == 0
+                and channel(client, nsq_topic)["deferred_count"] == 0
             ),
             "every message answered",
             timeout=60.0,

@@ -234,7 +234,7 @@ def check_bodies(server: NsqdProcess, topic: str, acked: list[str], attempted: s
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_bare_fork_children_publish_from_eight_threads(
-    nsqd_factory: Any, topic: str, record_property: Any
+    nsqd_factory: Any, nsq_topic: str, record_property: Any
 ) -> None:
     """nsqd flags: none (a fresh nsqd). 10 rounds: the parent publishes (so its connection is
     live at the fork), forks 5 children, and in each child 8 threads start at once and publish
@@ -246,18 +246,18 @@ def test_bare_fork_children_publish_from_eight_threads(
     with Producer(server.tcp_address) as producer:
         for r in range(ROUNDS):
             parent_body = f"parent-r{r}"
-            producer.publish(topic, parent_body.encode())
+            producer.publish(nsq_topic, parent_body.encode())
             attempted.add(parent_body)
             results.append({"ok": [parent_body], "errors": [], "hung": 0})
             children = []
             for c in range(CHILDREN):
                 prefix = f"r{r}-c{c}"
-                children.append(publishing_child(producer, topic, prefix, attempted))
+                children.append(publishing_child(producer, nsq_topic, prefix, attempted))
                 forks += 1
             round_results = [child.result() for child in children]
             # One connection per process: the parent's and one per child (not shared, not two;
             # the last round's children may still be leaving nsqd's /stats).
-            connections = wait_for_connections(server, topic, 1 + CHILDREN)
+            connections = wait_for_connections(server, nsq_topic, 1 + CHILDREN)
             exit_codes = [child.finish() for child in children]
             assert exit_codes == [0] * CHILDREN
             assert connections == 1 + CHILDREN
@@ -265,7 +265,7 @@ def test_bare_fork_children_publish_from_eight_threads(
             # the parent's connection survived every child (it was never shut down by one)
             assert producer._slots[0].conn is not None and not producer._slots[0].conn.closed
     acked, errors = check_results(results)
-    held = check_bodies(server, topic, acked, attempted)
+    held = check_bodies(server, nsq_topic, acked, attempted)
     record_property("fork_children", forks)
     record_property("fork_acked", len(acked))
     record_property("fork_errors", len(errors))
@@ -282,7 +282,7 @@ def test_bare_fork_children_publish_from_eight_threads(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_fork_while_the_parent_publishes_on_other_threads(
-    nsqd_factory: Any, topic: str, runtime_mode: str
+    nsqd_factory: Any, nsq_topic: str, runtime_mode: str
 ) -> None:
     """nsqd flags: none. The parent publishes from 4 threads without pause while it forks 5
     children one after another; each child publishes from 8 threads at once.
@@ -308,7 +308,7 @@ def test_fork_while_the_parent_publishes_on_other_threads(
                 with lock:
                     attempted.add(body)
                 try:
-                    producer.publish(topic, body.encode())
+                    producer.publish(nsq_topic, body.encode())
                 except NSQError as exc:
                     with lock:
                         parent_errors.append(repr(exc))
@@ -328,12 +328,14 @@ def test_fork_while_the_parent_publishes_on_other_threads(
             for c in range(5):
                 prefix = f"c{c}"
                 children.append(
-                    child_of_a_busy_parent(producer, topic, prefix, attempted, stop, parent_errors)
+                    child_of_a_busy_parent(
+                        producer, nsq_topic, prefix, attempted, stop, parent_errors
+                    )
                 )
                 at = len(parent_ok)
                 wait_for(lambda at=at: len(parent_ok) >= at + 20, "the parent still publishing")
             results = [child.result() for child in children]
-            wait_for_connections(server, topic, 1 + len(children))
+            wait_for_connections(server, nsq_topic, 1 + len(children))
         finally:
             stop.set()
             for thread in threads:
@@ -346,7 +348,7 @@ def test_fork_while_the_parent_publishes_on_other_threads(
     if runtime_mode == "threads":
         assert not copies  # threads do not survive a fork
     acked, errors = check_results(results + [{"ok": parent_ok, "errors": parent_errors, "hung": 0}])
-    check_bodies(server, topic, acked, attempted)
+    check_bodies(server, nsq_topic, acked, attempted)
     assert not errors, errors[:5]
     print(
         f"busy parent: {len(parent_ok)} parent publishes, 5 children, "
@@ -426,7 +428,7 @@ def _run_in_processes(context: Any, server: NsqdProcess, topic: str) -> list[dic
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_multiprocessing_fork_pool_tasks_publish_from_threads(
-    nsqd_factory: Any, topic: str, runtime_mode: str
+    nsqd_factory: Any, nsq_topic: str, runtime_mode: str
 ) -> None:
     """nsqd flags: none. A Producer made (and connected) in the parent; a 3-process pool with
     the fork start method runs 12 tasks, each publishing from 4 threads at once.
@@ -437,13 +439,13 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
     there 3 fork-start ``multiprocessing.Process`` workers run the same 12 tasks."""
     global _POOL_PRODUCER, _POOL_TOPIC
     server: NsqdProcess = nsqd_factory()
-    _POOL_TOPIC = topic
+    _POOL_TOPIC = nsq_topic
     _POOL_PRODUCER = producer = Producer(server.tcp_address)
     try:
-        producer.publish(topic, b"parent")
+        producer.publish(nsq_topic, b"parent")
         context = multiprocessing.get_context("fork")
         if runtime_mode == "gevent":
-            results = _run_in_processes(context, server, topic)
+            results = _run_in_processes(context, server, nsq_topic)
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
@@ -452,7 +454,7 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
                 results = pool.map(_pool_task, range(12), chunksize=1)
                 pids = {r["pid"] for r in results}
                 # the parent's connection, and one per worker process that ran a task
-                wait_for_connections(server, topic, 1 + len(pids))
+                wait_for_connections(server, nsq_topic, 1 + len(pids))
             finally:
                 pool.close()
                 pool.join()
@@ -463,7 +465,7 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
         f"task{k}-t{t}-{i}" for k in range(12) for t in range(4) for i in range(5)
     }
     acked, errors = check_results(results + [{"ok": ["parent"], "errors": [], "hung": 0}])
-    check_bodies(server, topic, acked, attempted)
+    check_bodies(server, nsq_topic, acked, attempted)
     assert not errors, errors[:5]
     assert len(acked) == len(attempted)
 
@@ -473,12 +475,12 @@ def test_multiprocessing_fork_pool_tasks_publish_from_threads(
 
 @pytest.fixture
 def gunicorn_app(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> Iterator[tuple[str, NsqdProcess, subprocess.Popen[bytes]]]:
     pytest.importorskip("gunicorn", reason="gunicorn is in the test extra")
     server: NsqdProcess = nsqd_factory()
     port = free_closed_port()
-    env = dict(os.environ, NSQD_TCP_ADDRESS=server.tcp_address, NSQ_TOPIC=topic)
+    env = dict(os.environ, NSQD_TCP_ADDRESS=server.tcp_address, NSQ_TOPIC=nsq_topic)
     env.pop("NSQ_SYNC_TEST_RUNTIME", None)  # the app runs on plain threads (gthread)
     support = Path(__file__).resolve().parent.parent / "support"
     proc = subprocess.Popen(
@@ -560,7 +562,9 @@ def gunicorn_app(
     ],
 )
 def test_gunicorn_preload_gthread_workers_publish(
-    clients_runtime: str, gunicorn_app: tuple[str, NsqdProcess, subprocess.Popen[bytes]], topic: str
+    clients_runtime: str,
+    gunicorn_app: tuple[str, NsqdProcess, subprocess.Popen[bytes]],
+    nsq_topic: str,
 ) -> None:
     """nsqd flags: none. ``gunicorn --preload -k gthread --threads 8 --workers 2``: the app's
     Producer connects in the master at import; 16 clients keep connections open to it (8 per
@@ -593,10 +597,10 @@ def test_gunicorn_preload_gthread_workers_publish(
     assert not failed, failed[:5]
     assert len(pids) == 2, f"requests were served by {len(pids)} worker(s), not 2"
     # master + 2 workers, one connection each (the probe requests published too)
-    wait_for_connections(server, topic, 3)
+    wait_for_connections(server, nsq_topic, 3)
     proc.terminate()
     proc.wait(15.0)
-    held = read_bodies(server.tcp_address, server.http_address, topic, timeout=60.0)
+    held = read_bodies(server.tcp_address, server.http_address, nsq_topic, timeout=60.0)
     for body in ok:
         assert held[body.encode()] == 1, body
     assert max(held.values()) == 1
@@ -609,14 +613,14 @@ def test_gunicorn_preload_gthread_workers_publish(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_http_client_forked_child_threads_share_one_new_session(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> None:
     """nsqd flags: none. An NsqdHTTPClient used in the parent (a pooled keep-alive connection),
     then by 8 threads of each of 3 children at once: each child makes one session of its own
     (not one per thread, never the parent's), and every HTTP publish lands exactly once."""
     server: NsqdProcess = nsqd_factory()
     client = NsqdHTTPClient(server.http_address)
-    client.pub(topic, b"parent")
+    client.pub(nsq_topic, b"parent")
     parent_session = client._current_session()
 
     def work(c: int) -> dict[str, Any]:
@@ -631,10 +635,10 @@ def test_http_client_forked_child_threads_share_one_new_session(
         requests.Session.__init__ = counting_init  # type: ignore[method-assign]
 
         def publish(body: bytes) -> None:
-            client.pub(topic, body)
+            client.pub(nsq_topic, body)
             sessions.add(id(client._current_session()))
 
-        result = publish_from_threads(publish, topic, f"http-c{c}")
+        result = publish_from_threads(publish, nsq_topic, f"http-c{c}")
         result["sessions"] = len(sessions)
         result["created"] = created[0]
         result["parent_session"] = id(parent_session) in sessions
@@ -646,14 +650,14 @@ def test_http_client_forked_child_threads_share_one_new_session(
     for result in results:
         assert result["created"] == 1, f"the fork reset ran {result['created']} times: {result}"
         assert result["sessions"] == 1 and not result["parent_session"], result
-    client.pub(topic, b"parent again")  # the parent's session is intact
+    client.pub(nsq_topic, b"parent again")  # the parent's session is intact
     assert client._current_session() is parent_session
     client.close()
     acked, errors = check_results(results)
     attempted = {"parent", "parent again"} | {
         f"http-c{c}-t{t}-{i}" for c in range(3) for t in range(THREADS) for i in range(PER_THREAD)
     }
-    check_bodies(server, topic, acked + ["parent", "parent again"], attempted)
+    check_bodies(server, nsq_topic, acked + ["parent", "parent again"], attempted)
     assert not errors, errors[:5]
 
 
@@ -702,7 +706,7 @@ def test_a_message_answer_in_progress_at_the_fork_does_not_block_the_child() -> 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
-    nsqd_factory: Any, topic: str, runtime_mode: str
+    nsqd_factory: Any, nsq_topic: str, runtime_mode: str
 ) -> None:
     """nsqd flags: none. A Consumer started before a fork: in the child, stop() and start()
     raise Stopped saying to create one per process (nothing is sent on the parent's
@@ -718,7 +722,7 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
     def handle(message: Message) -> None:
         got.append(message.body)
 
-    consumer = Consumer(topic, "c", handle, nsqd_tcp_addresses=[server.tcp_address])
+    consumer = Consumer(nsq_topic, "c", handle, nsqd_tcp_addresses=[server.tcp_address])
     consumer.start()
     try:
         assert consumer.wait_connected(15.0)
@@ -746,10 +750,10 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
         # while the child lives, the parent's consumer gets every message (the child reads none)
         bodies = [b"while the child lives %d" % i for i in range(20)]
         with Producer(server.tcp_address) as producer:
-            producer.multi_publish(topic, bodies)
+            producer.multi_publish(nsq_topic, bodies)
             wait_for(lambda: all(b in got for b in bodies), "the parent receiving every message")
             assert child.finish() == 0  # (the child asserts it handled nothing)
-            producer.publish(topic, b"after the child")
+            producer.publish(nsq_topic, b"after the child")
         wait_for(lambda: b"after the child" in got, "the parent's consumer still consuming")
         assert len(result["messages"]) == 2, result
         assert all("post_fork" in m and "new Consumer" in m for m in result["messages"]), result
@@ -763,16 +767,16 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() does not exist on Windows")
 def test_fork_closes_the_childs_copies_of_inherited_sockets_at_once(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> None:
     """nsqd flags: none. Right at the fork, before the child uses anything, the child's copies
     of a Producer's connection and of an HTTP client's pooled keep-alive connection are closed
     (so nothing copied into the child can read them), and the parent's keep working."""
     server: NsqdProcess = nsqd_factory()
     producer = Producer(server.tcp_address)
-    producer.publish(topic, b"parent")
+    producer.publish(nsq_topic, b"parent")
     client = NsqdHTTPClient(server.http_address)
-    client.pub(topic, b"parent http")
+    client.pub(nsq_topic, b"parent http")
     conn = producer._slots[0].conn
     assert conn is not None
     pools = client._current_session().get_adapter("http://").poolmanager.pools
@@ -795,10 +799,10 @@ def test_fork_closes_the_childs_copies_of_inherited_sockets_at_once(
     assert child.finish() == 0
     assert result == {"producer_conn_closed": True, "http_socks_closed": [True] * len(http_conns)}
     assert not conn.closed and all(not getattr(c.sock, "_closed", True) for c in http_conns)
-    producer.publish(topic, b"parent again")
-    client.pub(topic, b"parent http again")
+    producer.publish(nsq_topic, b"parent again")
+    client.pub(nsq_topic, b"parent http again")
     assert producer._slots[0].conn is conn  # the same connection: the child left it alone
     producer.close()
     client.close()
     bodies = ["parent", "parent http", "parent again", "parent http again"]
-    check_bodies(server, topic, bodies, set(bodies))
+    check_bodies(server, nsq_topic, bodies, set(bodies))

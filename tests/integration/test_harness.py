@@ -76,12 +76,12 @@ def test_nsqd_registers_with_lookupd(
 
 
 def test_restart_keeps_ports_and_data(
-    nsqd_factory: Any, topic: str, http: requests.Session
+    nsqd_factory: Any, nsq_topic: str, http: requests.Session
 ) -> None:
-    assert re.fullmatch(r"[.a-zA-Z0-9_-]{1,64}", topic)
+    assert re.fullmatch(r"[.a-zA-Z0-9_-]{1,64}", nsq_topic)
     nsqd = nsqd_factory()
     response = http.post(
-        f"{nsqd.http_url}/pub", params={"topic": topic}, data=b"persist me", timeout=5
+        f"{nsqd.http_url}/pub", params={"topic": nsq_topic}, data=b"persist me", timeout=5
     )
     assert response.text == "OK"
     tcp, http_address, data_path, old_pid = (
@@ -95,7 +95,7 @@ def test_restart_keeps_ports_and_data(
 
     assert nsqd.pid != old_pid
     assert (nsqd.tcp_address, nsqd.http_address, nsqd.data_path) == (tcp, http_address, data_path)
-    stats = _topic_stats(http, nsqd, topic)
+    stats = _topic_stats(http, nsqd, nsq_topic)
     assert stats is not None and stats["depth"] == 1, stats
 
 

@@ -30,10 +30,10 @@ def client(nsqd: NsqdProcess) -> Iterator[NsqdHTTPClient]:
 
 
 @pytest.fixture
-def channel_of(client: NsqdHTTPClient, topic: str) -> str:
+def channel_of(client: NsqdHTTPClient, nsq_topic: str) -> str:
     """Create ``topic`` with channel ``ch`` so that published messages show up as channel depth."""
-    client.create_topic(topic)
-    client.create_channel(topic, "ch")
+    client.create_topic(nsq_topic)
+    client.create_channel(nsq_topic, "ch")
     return "ch"
 
 
@@ -84,8 +84,8 @@ def test_address_forms_reach_the_same_server(nsqd: NsqdProcess) -> None:
             assert c.info()["http_port"] == nsqd.http_port
 
 
-def test_stats_shape(client: NsqdHTTPClient, topic: str) -> None:
-    client.create_topic(topic)
+def test_stats_shape(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    client.create_topic(nsq_topic)
     stats = client.stats()
     assert stats["version"] == "1.3.0"
     assert stats["health"] == "OK"
@@ -93,32 +93,32 @@ def test_stats_shape(client: NsqdHTTPClient, topic: str) -> None:
     assert isinstance(stats["topics"], list)
     # nsqd answers "producers": null when nothing publishes over TCP; the client gives [].
     assert isinstance(stats["producers"], list)
-    assert topic in {t["topic_name"] for t in stats["topics"]}
+    assert nsq_topic in {t["topic_name"] for t in stats["topics"]}
 
 
-def test_stats_filters(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
-    client.create_topic(topic + "_other")
-    only = client.stats(topic)
-    assert [t["topic_name"] for t in only["topics"]] == [topic]
+def test_stats_filters(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
+    client.create_topic(nsq_topic + "_other")
+    only = client.stats(nsq_topic)
+    assert [t["topic_name"] for t in only["topics"]] == [nsq_topic]
     assert [c["channel_name"] for c in only["topics"][0]["channels"]] == [channel_of]
 
-    one_channel = client.stats(topic, channel_of)
+    one_channel = client.stats(nsq_topic, channel_of)
     assert [c["channel_name"] for c in one_channel["topics"][0]["channels"]] == [channel_of]
 
     # nsqd answers "topics": null for an unknown topic, and [] for an unknown channel.
-    assert client.stats(topic + "_missing")["topics"] == []
-    assert client.stats(topic, "missing")["topics"] == []
-    assert client.topic_stats(topic + "_missing") is None
-    assert client.channel_stats(topic, "missing") is None
-    assert client.channel_stats(topic + "_missing", channel_of) is None
-    assert client.depth(topic + "_missing") is None
-    assert client.depth(topic, "missing") is None
+    assert client.stats(nsq_topic + "_missing")["topics"] == []
+    assert client.stats(nsq_topic, "missing")["topics"] == []
+    assert client.topic_stats(nsq_topic + "_missing") is None
+    assert client.channel_stats(nsq_topic, "missing") is None
+    assert client.channel_stats(nsq_topic + "_missing", channel_of) is None
+    assert client.depth(nsq_topic + "_missing") is None
+    assert client.depth(nsq_topic, "missing") is None
 
 
-def test_stats_include_clients(client: NsqdHTTPClient, nsqd: NsqdProcess, topic: str) -> None:
+def test_stats_include_clients(client: NsqdHTTPClient, nsqd: NsqdProcess, nsq_topic: str) -> None:
     # A real subscriber: the TCP protocol's magic and SUB, answered by OK.
     with socket.create_connection(("127.0.0.1", nsqd.tcp_port), timeout=5) as sock:
-        sock.sendall(commands.magic() + commands.sub(topic, "subscribed"))
+        sock.sendall(commands.magic() + commands.sub(nsq_topic, "subscribed"))
         response = b""
         while len(response) < 10:
             chunk = sock.recv(10 - len(response))
@@ -126,13 +126,13 @@ def test_stats_include_clients(client: NsqdHTTPClient, nsqd: NsqdProcess, topic:
             response += chunk
         assert response == struct.pack(">II", 6, 0) + b"OK"
 
-        with_clients = client.channel_stats(topic, "subscribed")
+        with_clients = client.channel_stats(nsq_topic, "subscribed")
         assert with_clients is not None
         assert with_clients["client_count"] == 1
         assert len(with_clients["clients"]) == 1
 
         # nsqd answers "clients": null here; the client gives [].
-        without = client.channel_stats(topic, "subscribed", include_clients=False)
+        without = client.channel_stats(nsq_topic, "subscribed", include_clients=False)
         assert without is not None
         assert without["client_count"] == 1
         assert without["clients"] == []
@@ -141,119 +141,119 @@ def test_stats_include_clients(client: NsqdHTTPClient, nsqd: NsqdProcess, topic:
 # ------------------------------------------------------------------------------ publishing
 
 
-def test_pub_without_channel_counts_in_the_topic(client: NsqdHTTPClient, topic: str) -> None:
-    client.pub(topic, b"one")
-    client.pub(topic, "h\u00e9llo")  # str is sent as UTF-8: 6 bytes
-    stats = client.topic_stats(topic)
+def test_pub_without_channel_counts_in_the_topic(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    client.pub(nsq_topic, b"one")
+    client.pub(nsq_topic, "h\u00e9llo")  # str is sent as UTF-8: 6 bytes
+    stats = client.topic_stats(nsq_topic)
     assert stats is not None
     assert stats["depth"] == 2
     assert stats["message_count"] == 2
     assert stats["message_bytes"] == 3 + 6
-    assert client.depth(topic) == 2
+    assert client.depth(nsq_topic) == 2
 
 
-def test_pub_reaches_the_channel(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
-    client.pub(topic, b"\x00binary\nbody\xff")
-    client.pub(topic, b"x", delay=0)  # no delay
-    client.pub(topic, bytearray(b"y"))
-    client.pub(topic, memoryview(b"z"))
-    assert client.depth(topic, channel_of) == 4
-    assert client.depth(topic) == 0  # handed on to the channel
+def test_pub_reaches_the_channel(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
+    client.pub(nsq_topic, b"\x00binary\nbody\xff")
+    client.pub(nsq_topic, b"x", delay=0)  # no delay
+    client.pub(nsq_topic, bytearray(b"y"))
+    client.pub(nsq_topic, memoryview(b"z"))
+    assert client.depth(nsq_topic, channel_of) == 4
+    assert client.depth(nsq_topic) == 0  # handed on to the channel
 
 
-def test_dpub_is_deferred(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
-    client.dpub(topic, b"later", 60.0)
-    client.pub(topic, b"later too", delay=1.5)  # fractional seconds -> 1500 ms
-    client.pub(topic, b"now")
-    stats = client.channel_stats(topic, channel_of)
+def test_dpub_is_deferred(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
+    client.dpub(nsq_topic, b"later", 60.0)
+    client.pub(nsq_topic, b"later too", delay=1.5)  # fractional seconds -> 1500 ms
+    client.pub(nsq_topic, b"now")
+    stats = client.channel_stats(nsq_topic, channel_of)
     assert stats is not None
     assert stats["deferred_count"] == 2
     assert stats["depth"] == 1
 
 
-def test_mpub_binary(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
+def test_mpub_binary(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
     bodies: list[Any] = [b"a\nb", b"\x00" * 100, "c\u00e9", bytearray(b"d")]
-    client.mpub(topic, bodies)
-    stats = client.topic_stats(topic)
+    client.mpub(nsq_topic, bodies)
+    stats = client.topic_stats(nsq_topic)
     assert stats is not None
     assert stats["message_count"] == 4
     assert stats["message_bytes"] == 3 + 100 + 3 + 1
-    assert client.depth(topic, channel_of) == 4
+    assert client.depth(nsq_topic, channel_of) == 4
 
 
-def test_mpub_text(client: NsqdHTTPClient, topic: str, channel_of: str) -> None:
+def test_mpub_text(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
     bodies: list[Body] = [b"one", "two", b"three"]
-    client.mpub(topic, (b for b in bodies), binary=False)  # any iterable
-    stats = client.topic_stats(topic)
+    client.mpub(nsq_topic, (b for b in bodies), binary=False)  # any iterable
+    stats = client.topic_stats(nsq_topic)
     assert stats is not None
     assert stats["message_count"] == 3
     assert stats["message_bytes"] == 3 + 3 + 5
-    assert client.depth(topic, channel_of) == 3
+    assert client.depth(nsq_topic, channel_of) == 3
 
 
 # ------------------------------------------------------------------------------ admin
 
 
-def test_topic_round_trip(client: NsqdHTTPClient, topic: str) -> None:
-    assert client.topic_stats(topic) is None
-    client.create_topic(topic)
-    client.create_topic(topic)  # idempotent
-    stats = client.topic_stats(topic)
+def test_topic_round_trip(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    assert client.topic_stats(nsq_topic) is None
+    client.create_topic(nsq_topic)
+    client.create_topic(nsq_topic)  # idempotent
+    stats = client.topic_stats(nsq_topic)
     assert stats is not None
     assert (stats["depth"], stats["paused"], stats["channels"]) == (0, False, [])
 
-    client.pause_topic(topic)
-    assert _topic(client, topic)["paused"] is True
-    client.unpause_topic(topic)
-    assert _topic(client, topic)["paused"] is False
+    client.pause_topic(nsq_topic)
+    assert _topic(client, nsq_topic)["paused"] is True
+    client.unpause_topic(nsq_topic)
+    assert _topic(client, nsq_topic)["paused"] is False
 
-    client.mpub(topic, [b"1", b"2", b"3"])
-    assert client.depth(topic) == 3
-    client.empty_topic(topic)
-    assert client.depth(topic) == 0
+    client.mpub(nsq_topic, [b"1", b"2", b"3"])
+    assert client.depth(nsq_topic) == 3
+    client.empty_topic(nsq_topic)
+    assert client.depth(nsq_topic) == 0
 
-    client.delete_topic(topic)
-    assert client.topic_stats(topic) is None
+    client.delete_topic(nsq_topic)
+    assert client.topic_stats(nsq_topic) is None
 
 
 def test_paused_topic_keeps_messages_from_channels(
-    client: NsqdHTTPClient, topic: str, channel_of: str
+    client: NsqdHTTPClient, nsq_topic: str, channel_of: str
 ) -> None:
-    client.pause_topic(topic)
-    client.mpub(topic, [b"1", b"2"])
-    assert client.depth(topic) == 2
-    assert client.depth(topic, channel_of) == 0
-    client.unpause_topic(topic)
+    client.pause_topic(nsq_topic)
+    client.mpub(nsq_topic, [b"1", b"2"])
+    assert client.depth(nsq_topic) == 2
+    assert client.depth(nsq_topic, channel_of) == 0
+    client.unpause_topic(nsq_topic)
     # The topic hands the messages on asynchronously once unpaused.
-    _wait_for(lambda: client.depth(topic, channel_of) == 2, "messages to reach the channel")
-    assert client.depth(topic) == 0
+    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 2, "messages to reach the channel")
+    assert client.depth(nsq_topic) == 0
 
 
-def test_channel_round_trip(client: NsqdHTTPClient, topic: str) -> None:
-    client.create_topic(topic)
-    client.create_channel(topic, "ch")
-    client.create_channel(topic, "ch")  # idempotent
-    client.create_channel(topic, "tmp#ephemeral")  # '#' must be URL-encoded
-    names = {c["channel_name"] for c in _topic(client, topic)["channels"]}
+def test_channel_round_trip(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    client.create_topic(nsq_topic)
+    client.create_channel(nsq_topic, "ch")
+    client.create_channel(nsq_topic, "ch")  # idempotent
+    client.create_channel(nsq_topic, "tmp#ephemeral")  # '#' must be URL-encoded
+    names = {c["channel_name"] for c in _topic(client, nsq_topic)["channels"]}
     assert names == {"ch", "tmp#ephemeral"}
 
-    client.pause_channel(topic, "ch")
-    assert _channel(client, topic, "ch")["paused"] is True
-    client.pub(topic, b"queued while paused")
-    assert client.depth(topic, "ch") == 1
-    client.unpause_channel(topic, "ch")
-    assert _channel(client, topic, "ch")["paused"] is False
+    client.pause_channel(nsq_topic, "ch")
+    assert _channel(client, nsq_topic, "ch")["paused"] is True
+    client.pub(nsq_topic, b"queued while paused")
+    assert client.depth(nsq_topic, "ch") == 1
+    client.unpause_channel(nsq_topic, "ch")
+    assert _channel(client, nsq_topic, "ch")["paused"] is False
 
-    client.dpub(topic, b"deferred", 60.0)
-    assert _channel(client, topic, "ch")["deferred_count"] == 1
-    client.empty_channel(topic, "ch")
-    stats = client.channel_stats(topic, "ch")
+    client.dpub(nsq_topic, b"deferred", 60.0)
+    assert _channel(client, nsq_topic, "ch")["deferred_count"] == 1
+    client.empty_channel(nsq_topic, "ch")
+    stats = client.channel_stats(nsq_topic, "ch")
     assert stats is not None
     assert (stats["depth"], stats["deferred_count"]) == (0, 0)
 
-    client.delete_channel(topic, "ch")
-    assert client.channel_stats(topic, "ch") is None
-    assert client.topic_stats(topic) is not None
+    client.delete_channel(nsq_topic, "ch")
+    assert client.channel_stats(nsq_topic, "ch") is None
+    assert client.topic_stats(nsq_topic) is not None
 
 
 # ------------------------------------------------------------------------------ errors
@@ -273,39 +273,39 @@ def test_channel_round_trip(client: NsqdHTTPClient, topic: str) -> None:
     ],
 )
 def test_server_errors_carry_status_and_body(
-    client: NsqdHTTPClient, topic: str, call: Any, status: int, code: str, path: str
+    client: NsqdHTTPClient, nsq_topic: str, call: Any, status: int, code: str, path: str
 ) -> None:
     with pytest.raises(HTTPAPIError) as info:
-        call(client, topic)
+        call(client, nsq_topic)
     err = info.value
     assert err.status == status
     assert code in err.body
     assert err.url.startswith(f"{client.base_url}{path}?")
-    assert f"topic={topic}" in err.url
+    assert f"topic={nsq_topic}" in err.url
     assert code in str(err) and str(status) in str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.url, copy.status, copy.body) == (err.url, err.status, err.body)
 
 
-def test_missing_channel_is_404(client: NsqdHTTPClient, topic: str) -> None:
-    client.create_topic(topic)
+def test_missing_channel_is_404(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    client.create_topic(nsq_topic)
     with pytest.raises(HTTPAPIError) as info:
-        client.delete_channel(topic, "missing")
+        client.delete_channel(nsq_topic, "missing")
     assert info.value.status == 404
     assert "CHANNEL_NOT_FOUND" in info.value.body
 
 
-def test_message_too_big_is_413(nsqd_factory: Any, topic: str) -> None:
+def test_message_too_big_is_413(nsqd_factory: Any, nsq_topic: str) -> None:
     small = nsqd_factory("--max-msg-size=16", "--max-body-size=64")
     with NsqdHTTPClient(small.http_address) as c:
-        c.pub(topic, b"x" * 16)
+        c.pub(nsq_topic, b"x" * 16)
         with pytest.raises(HTTPAPIError) as info:
-            c.pub(topic, b"x" * 17)
+            c.pub(nsq_topic, b"x" * 17)
         assert (info.value.status, "MSG_TOO_BIG" in info.value.body) == (413, True)
         with pytest.raises(HTTPAPIError) as info:
-            c.mpub(topic, [b"x" * 10] * 10)
+            c.mpub(nsq_topic, [b"x" * 10] * 10)
         assert (info.value.status, "BODY_TOO_BIG" in info.value.body) == (413, True)
-        assert c.depth(topic) == 1
+        assert c.depth(nsq_topic) == 1
 
 
 def test_closed_port_is_an_error_without_status() -> None:
@@ -363,8 +363,8 @@ def test_given_session_is_used_and_left_open(nsqd: NsqdProcess) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_usable_after_fork(client: NsqdHTTPClient, topic: str) -> None:
-    client.pub(topic, b"parent")  # leaves a pooled keep-alive connection behind
+def test_usable_after_fork(client: NsqdHTTPClient, nsq_topic: str) -> None:
+    client.pub(nsq_topic, b"parent")  # leaves a pooled keep-alive connection behind
     with warnings.catch_warnings():
         # Python 3.12+ warns about fork() in a process with threads; the child only does HTTP.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -372,11 +372,11 @@ def test_usable_after_fork(client: NsqdHTTPClient, topic: str) -> None:
     if pid == 0:  # pragma: no cover - runs in the child
         code = 1
         try:
-            client.pub(topic, b"child")
+            client.pub(nsq_topic, b"child")
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    client.pub(topic, b"parent again")
-    assert client.depth(topic) == 3
+    client.pub(nsq_topic, b"parent again")
+    assert client.depth(nsq_topic) == 3

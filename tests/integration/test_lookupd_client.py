@@ -56,12 +56,12 @@ def test_ping_and_info(lookupd: LookupdClient) -> None:
 
 
 def test_lookup_finds_the_nsqd_after_a_publish(
-    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, topic: str
+    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    assert lookupd.lookup(topic) == []  # 404 TOPIC_NOT_FOUND is "no producers"
-    nsqd_http.pub(topic, b"x")
+    assert lookupd.lookup(nsq_topic) == []  # 404 TOPIC_NOT_FOUND is "no producers"
+    nsqd_http.pub(nsq_topic, b"x")
     producers = _eventually(
-        lambda: lookupd.lookup(topic), lambda ps: any(map(_is(nsqd), ps)), "lookup to list nsqd"
+        lambda: lookupd.lookup(nsq_topic), lambda ps: any(map(_is(nsqd), ps)), "lookup to list nsqd"
     )
     (mine,) = [p for p in producers if _is(nsqd)(p)]
     assert mine.broadcast_address == "127.0.0.1"
@@ -69,91 +69,91 @@ def test_lookup_finds_the_nsqd_after_a_publish(
     assert mine.http_address == nsqd.http_address
     assert mine.version == "1.3.0"
     assert mine.hostname  # whatever the machine is called
-    assert topic in lookupd.topics()
+    assert nsq_topic in lookupd.topics()
 
 
-def test_channels(lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, topic: str) -> None:
-    assert lookupd.channels(topic) == []  # unknown topic: 200 with an empty list
-    nsqd_http.create_topic(topic)
-    nsqd_http.create_channel(topic, "ch")
-    nsqd_http.create_channel(topic, "eph#ephemeral")
+def test_channels(lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsq_topic: str) -> None:
+    assert lookupd.channels(nsq_topic) == []  # unknown topic: 200 with an empty list
+    nsqd_http.create_topic(nsq_topic)
+    nsqd_http.create_channel(nsq_topic, "ch")
+    nsqd_http.create_channel(nsq_topic, "eph#ephemeral")
     channels = _eventually(
-        lambda: lookupd.channels(topic), lambda cs: len(cs) == 2, "both channels to register"
+        lambda: lookupd.channels(nsq_topic), lambda cs: len(cs) == 2, "both channels to register"
     )
     assert sorted(channels) == ["ch", "eph#ephemeral"]
 
 
 def test_nodes(
-    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, topic: str
+    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     nodes = lookupd.nodes()
     assert any(map(_is(nsqd), nodes))
-    nsqd_http.create_topic(topic)
+    nsqd_http.create_topic(nsq_topic)
 
     def mine() -> dict[str, Any]:
         producers: list[dict[str, Any]] = lookupd.nodes_raw()["producers"]
         (entry,) = [p for p in producers if p["tcp_port"] == nsqd.tcp_port]
         return entry
 
-    entry = _eventually(mine, lambda e: topic in e["topics"], "nodes to list the topic")
+    entry = _eventually(mine, lambda e: nsq_topic in e["topics"], "nodes to list the topic")
     # /nodes reports a tombstone flag per topic, in the same order.
     assert len(entry["tombstones"]) == len(entry["topics"])
     assert entry["remote_address"].startswith("127.0.0.1:")
 
 
-def test_topic_and_channel_admin(lookupd: LookupdClient, topic: str) -> None:
-    lookupd.create_topic(topic)
-    lookupd.create_topic(topic)  # idempotent
-    assert topic in lookupd.topics()
+def test_topic_and_channel_admin(lookupd: LookupdClient, nsq_topic: str) -> None:
+    lookupd.create_topic(nsq_topic)
+    lookupd.create_topic(nsq_topic)  # idempotent
+    assert nsq_topic in lookupd.topics()
     # Registered, but no nsqd carries it: 200 with no producers.
-    assert lookupd.lookup(topic) == []
+    assert lookupd.lookup(nsq_topic) == []
 
-    lookupd.create_channel(topic, "ch")
-    assert lookupd.channels(topic) == ["ch"]
-    lookupd.delete_channel(topic, "ch")
-    assert lookupd.channels(topic) == []
+    lookupd.create_channel(nsq_topic, "ch")
+    assert lookupd.channels(nsq_topic) == ["ch"]
+    lookupd.delete_channel(nsq_topic, "ch")
+    assert lookupd.channels(nsq_topic) == []
 
-    lookupd.delete_topic(topic)
-    assert topic not in lookupd.topics()
-    lookupd.delete_topic(topic)  # unknown topics are fine
+    lookupd.delete_topic(nsq_topic)
+    assert nsq_topic not in lookupd.topics()
+    lookupd.delete_topic(nsq_topic)  # unknown topics are fine
 
     # Creating a channel registers its topic too.
-    lookupd.create_channel(topic, "other")
-    assert topic in lookupd.topics()
-    assert lookupd.channels(topic) == ["other"]
-    lookupd.delete_topic(topic)
+    lookupd.create_channel(nsq_topic, "other")
+    assert nsq_topic in lookupd.topics()
+    assert lookupd.channels(nsq_topic) == ["other"]
+    lookupd.delete_topic(nsq_topic)
 
 
 def test_tombstone(
-    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, topic: str
+    lookupd: LookupdClient, nsqd_http: NsqdHTTPClient, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    nsqd_http.pub(topic, b"x")
+    nsqd_http.pub(nsq_topic, b"x")
     producers = _eventually(
-        lambda: lookupd.lookup(topic), lambda ps: any(map(_is(nsqd), ps)), "lookup to list nsqd"
+        lambda: lookupd.lookup(nsq_topic), lambda ps: any(map(_is(nsqd), ps)), "lookup to list nsqd"
     )
     (mine,) = [p for p in producers if _is(nsqd)(p)]
 
-    lookupd.tombstone_topic_producer(topic, mine.http_address)
+    lookupd.tombstone_topic_producer(nsq_topic, mine.http_address)
 
     # Tombstoning is synchronous in nsqlookupd: the next lookup already leaves the nsqd out.
-    assert not any(map(_is(nsqd), lookupd.lookup(topic)))
+    assert not any(map(_is(nsqd), lookupd.lookup(nsq_topic)))
     (entry,) = [p for p in lookupd.nodes_raw()["producers"] if p["tcp_port"] == nsqd.tcp_port]
-    assert entry["tombstones"][entry["topics"].index(topic)] is True
+    assert entry["tombstones"][entry["topics"].index(nsq_topic)] is True
     # Only that topic: the nsqd is still a node, and other topics still find it.
     assert any(map(_is(nsqd), lookupd.nodes()))
 
     # An unknown node is silently accepted by nsqlookupd.
-    lookupd.tombstone_topic_producer(topic, "127.0.0.1:1")
+    lookupd.tombstone_topic_producer(nsq_topic, "127.0.0.1:1")
 
 
-def test_lookup_merges_a_cluster(nsq_cluster: Any, topic: str) -> None:
+def test_lookup_merges_a_cluster(nsq_cluster: Any, nsq_topic: str) -> None:
     cluster = nsq_cluster(2)
     for proc in cluster.nsqds:
         with NsqdHTTPClient(proc.http_address) as c:
-            c.pub(topic, b"x")
+            c.pub(nsq_topic, b"x")
     with LookupdClient(cluster.lookupd.http_address) as lookupd:
         producers = _eventually(
-            lambda: lookupd.lookup(topic), lambda ps: len(ps) == 2, "both nsqds to register"
+            lambda: lookupd.lookup(nsq_topic), lambda ps: len(ps) == 2, "both nsqds to register"
         )
         assert {p.tcp_address for p in producers} == {p.tcp_address for p in cluster.nsqds}
         assert {p.tcp_address for p in lookupd.nodes()} == {p.tcp_address for p in cluster.nsqds}
@@ -162,9 +162,9 @@ def test_lookup_merges_a_cluster(nsq_cluster: Any, topic: str) -> None:
 # ------------------------------------------------------------------------------ errors
 
 
-def test_server_error_carries_status_and_body(lookupd: LookupdClient, topic: str) -> None:
+def test_server_error_carries_status_and_body(lookupd: LookupdClient, nsq_topic: str) -> None:
     with pytest.raises(LookupdError) as info:
-        lookupd.delete_channel(topic, "missing")
+        lookupd.delete_channel(nsq_topic, "missing")
     err = info.value
     assert err.status == 404
     assert "CHANNEL_NOT_FOUND" in err.body

@@ -97,22 +97,22 @@ def _expect_prompt_publish_error(producer: Producer, topic: str) -> PublishError
 # ------------------------------------------------------------------------------------------- TLS
 
 
-def test_tls_with_ca_file(nsqd_factory: Any, pki: Pki, topic: str) -> None:
+def test_tls_with_ca_file(nsqd_factory: Any, pki: Pki, nsq_topic: str) -> None:
     """nsqd flags: --tls-cert --tls-key (CA-signed server certificate)."""
     server = nsqd_factory(*_tls_args(pki))
     with Producer(server.tcp_address, tls_v1=True, tls_root_ca_file=str(pki.ca_cert)) as producer:
-        producer.publish(topic, b"over tls")
-        producer.multi_publish(topic, [b"a", b"b"])
+        producer.publish(nsq_topic, b"over tls")
+        producer.multi_publish(nsq_topic, [b"a", b"b"])
         conn = producer._slots[0].conn
         assert conn is not None and conn.identify.tls_v1
         assert conn._transport is not None and conn._transport.tls_version in ("TLSv1.2", "TLSv1.3")
-        [client] = _client_of(server.http_address, topic)
+        [client] = _client_of(server.http_address, nsq_topic)
         assert client["tls"] is True, client  # nsqd's own view of the connection
         assert client["tls_version"].startswith("TLS1."), client
-    assert message_count(server.http_address, topic) == 3
+    assert message_count(server.http_address, nsq_topic) == 3
 
 
-def test_tls_self_signed_rejected_by_default(nsqd_factory: Any, pki: Pki, topic: str) -> None:
+def test_tls_self_signed_rejected_by_default(nsqd_factory: Any, pki: Pki, nsq_topic: str) -> None:
     """nsqd flags: --tls-cert --tls-key (self-signed server certificate)."""
     server = nsqd_factory(*_tls_args(pki, self_signed=True))
     conn = NsqdConnection(server.tcp_address, Config(tls_v1=True))
@@ -122,41 +122,41 @@ def test_tls_self_signed_rejected_by_default(nsqd_factory: Any, pki: Pki, topic:
     assert conn.closed
 
     with Producer(server.tcp_address, tls_v1=True, publish_timeout=SLOW_TIMEOUT) as producer:
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
     assert isinstance(error.reason, TLSError)
     assert "certificate" in str(error)
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0
 
 
-def test_tls_insecure_skip_verify(nsqd_factory: Any, pki: Pki, topic: str) -> None:
+def test_tls_insecure_skip_verify(nsqd_factory: Any, pki: Pki, nsq_topic: str) -> None:
     """nsqd flags: --tls-cert --tls-key (self-signed server certificate)."""
     server = nsqd_factory(*_tls_args(pki, self_signed=True))
     with Producer(server.tcp_address, tls_v1=True, tls_insecure_skip_verify=True) as producer:
-        producer.publish(topic, b"unverified but encrypted")
-        [client] = _client_of(server.http_address, topic)
+        producer.publish(nsq_topic, b"unverified but encrypted")
+        [client] = _client_of(server.http_address, nsq_topic)
         assert client["tls"] is True
-    assert message_count(server.http_address, topic) == 1
+    assert message_count(server.http_address, nsq_topic) == 1
 
 
-def test_tls_required_but_client_did_not_ask(nsqd_factory: Any, pki: Pki, topic: str) -> None:
+def test_tls_required_but_client_did_not_ask(nsqd_factory: Any, pki: Pki, nsq_topic: str) -> None:
     """nsqd flags: --tls-cert --tls-key --tls-required=tcp-https.
 
     (``--tls-required=true`` behaves the same on TCP but also refuses plain HTTP, including the
     ``/ping`` and ``/stats`` the tests rely on.)"""
     server = nsqd_factory(*_tls_args(pki), "--tls-required=tcp-https")
     with Producer(server.tcp_address, publish_timeout=SLOW_TIMEOUT) as producer:
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
     assert isinstance(error.reason, TLSError), repr(error.reason)
     assert "requires TLS" in str(error.reason) and "tls_v1=True" in str(error.reason)
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0
 
     # The same producer settings with TLS turned on work.
     with Producer(server.tcp_address, tls_v1=True, tls_root_ca_file=str(pki.ca_cert)) as producer:
-        producer.publish(topic, b"now over tls")
-    assert message_count(server.http_address, topic) == 1
+        producer.publish(nsq_topic, b"now over tls")
+    assert message_count(server.http_address, nsq_topic) == 1
 
 
-def test_tls_client_certificate_required(nsqd_factory: Any, pki: Pki, topic: str) -> None:
+def test_tls_client_certificate_required(nsqd_factory: Any, pki: Pki, nsq_topic: str) -> None:
     """nsqd flags: --tls-cert --tls-key --tls-client-auth-policy=require-verify
     --tls-root-ca-file=ca.pem --tls-required=tcp-https.
 
@@ -175,10 +175,10 @@ def test_tls_client_certificate_required(nsqd_factory: Any, pki: Pki, topic: str
         tls_cert=str(pki.client_cert),
         tls_key=str(pki.client_key),
     ) as producer:
-        producer.publish(topic, b"mutual tls")
-        [client] = _client_of(server.http_address, topic)
+        producer.publish(nsq_topic, b"mutual tls")
+        [client] = _client_of(server.http_address, nsq_topic)
         assert client["tls"] is True
-    assert message_count(server.http_address, topic) == 1
+    assert message_count(server.http_address, nsq_topic) == 1
 
     conn = NsqdConnection(
         server.tcp_address, Config(tls_v1=True, tls_root_ca_file=str(pki.ca_cert))
@@ -191,9 +191,9 @@ def test_tls_client_certificate_required(nsqd_factory: Any, pki: Pki, topic: str
         tls_root_ca_file=str(pki.ca_cert),
         publish_timeout=SLOW_TIMEOUT,
     ) as producer:
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
     assert isinstance(error.reason, TLSError) and "certificate" in str(error.reason)
-    assert message_count(server.http_address, topic) == 1
+    assert message_count(server.http_address, nsq_topic) == 1
 
 
 # ------------------------------------------------------------------------------------------ AUTH
@@ -211,15 +211,17 @@ def auth_server() -> Any:
         yield server
 
 
-def test_auth_good_secret_publishes(nsqd_factory: Any, auth_server: AuthServer, topic: str) -> None:
+def test_auth_good_secret_publishes(
+    nsqd_factory: Any, auth_server: AuthServer, nsq_topic: str
+) -> None:
     """nsqd flags: --auth-http-address=127.0.0.1:<auth server>."""
     server = nsqd_factory(f"--auth-http-address={auth_server.address}")
     with Producer(server.tcp_address, auth_secret="good") as producer:
-        producer.publish(topic, b"authorised")
-        producer.multi_publish(topic, [b"1", b"2"])
+        producer.publish(nsq_topic, b"authorised")
+        producer.multi_publish(nsq_topic, [b"1", b"2"])
         conn = producer._slots[0].conn
         assert conn is not None and conn.identify.auth_required
-    assert message_count(server.http_address, topic) == 3
+    assert message_count(server.http_address, nsq_topic) == 3
     [request] = auth_server.requests  # one AUTH per connection (ttl 3600)
     assert request["path"] == "/auth"
     assert request["secret"] == "good"
@@ -228,7 +230,7 @@ def test_auth_good_secret_publishes(nsqd_factory: Any, auth_server: AuthServer, 
 
 
 def test_auth_bad_secret_is_unauthorized_without_failover(
-    nsqd_factory: Any, auth_server: AuthServer, topic: str
+    nsqd_factory: Any, auth_server: AuthServer, nsq_topic: str
 ) -> None:
     """nsqd flags: first nsqd --auth-http-address=127.0.0.1:<auth server>; second nsqd none.
 
@@ -238,35 +240,35 @@ def test_auth_bad_secret_is_unauthorized_without_failover(
     open_nsqd = nsqd_factory()
     producer = Producer([guarded.tcp_address, open_nsqd.tcp_address], auth_secret="bad")
     with producer, pytest.raises(ServerUnauthorized) as info:
-        producer.publish(topic, b"denied")
+        producer.publish(nsq_topic, b"denied")
     assert info.value.code == "E_UNAUTHORIZED"
     assert "E_UNAUTHORIZED" in str(info.value)
     assert auth_server.secrets_seen() == ["bad"]
-    assert message_count(guarded.http_address, topic) == 0
-    assert message_count(open_nsqd.http_address, topic) == 0
+    assert message_count(guarded.http_address, nsq_topic) == 0
+    assert message_count(open_nsqd.http_address, nsq_topic) == 0
 
 
 def test_auth_topic_without_permission(
-    nsqd_factory: Any, auth_server: AuthServer, topic: str
+    nsqd_factory: Any, auth_server: AuthServer, nsq_topic: str
 ) -> None:
     """nsqd flags: --auth-http-address=127.0.0.1:<auth server>.
 
     The secret may publish to ``allowed_*`` only: PUB elsewhere is E_UNAUTHORIZED (and nsqd
     closes the connection); the next publish to an allowed topic reconnects and works."""
     server = nsqd_factory(f"--auth-http-address={auth_server.address}")
-    allowed = "allowed_" + topic[:50]
+    allowed = "allowed_" + nsq_topic[:50]
     with Producer(server.tcp_address, auth_secret="only-allowed") as producer:
         producer.publish(allowed, b"fine")
         with pytest.raises(ServerUnauthorized):
-            producer.publish(topic, b"not permitted")
+            producer.publish(nsq_topic, b"not permitted")
         producer.publish(allowed, b"fine again")
     assert message_count(server.http_address, allowed) == 2
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0
 
 
 @pytest.mark.parametrize("failure", ["server down", "server says 403"])
 def test_auth_server_failure_is_auth_failed(
-    nsqd_factory: Any, auth_server: AuthServer, topic: str, failure: str
+    nsqd_factory: Any, auth_server: AuthServer, nsq_topic: str, failure: str
 ) -> None:
     """nsqd flags: --auth-http-address=127.0.0.1:<closed port> (server down), or the auth
     server answering 403 (--auth-http-address=127.0.0.1:<auth server>)."""
@@ -283,14 +285,14 @@ def test_auth_server_failure_is_auth_failed(
     # The auth server may come back: the producer retries until publish_timeout, then reports.
     producer = Producer(server.tcp_address, auth_secret=secret, publish_timeout=1.0)
     with producer, pytest.raises(PublishError) as pub_info:
-        producer.publish(topic, b"x")
+        producer.publish(nsq_topic, b"x")
     assert isinstance(pub_info.value.reason, ServerAuthFailed)
     assert "E_AUTH_FAILED" in str(pub_info.value)
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0
 
 
 def test_auth_required_but_no_secret(
-    nsqd_factory: Any, auth_server: AuthServer, topic: str
+    nsqd_factory: Any, auth_server: AuthServer, nsq_topic: str
 ) -> None:
     """nsqd flags: --auth-http-address=127.0.0.1:<auth server>."""
     server = nsqd_factory(f"--auth-http-address={auth_server.address}")
@@ -298,21 +300,21 @@ def test_auth_required_but_no_secret(
     with pytest.raises(AuthError, match="requires AUTH.*auth_secret"):
         conn.connect()
     with Producer(server.tcp_address, publish_timeout=SLOW_TIMEOUT) as producer:
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
     assert isinstance(error.reason, AuthError)
     assert "auth_secret" in str(error)
     assert auth_server.requests == []  # nothing was sent to nsqd's auth server
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0
 
 
 def test_auth_secret_but_auth_not_required_warns(
-    nsqd: NsqdProcess, topic: str, caplog: pytest.LogCaptureFixture
+    nsqd: NsqdProcess, nsq_topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """nsqd flags: none (shared nsqd, no --auth-http-address)."""
     caplog.set_level(logging.WARNING, logger="nsq_sync")
     with Producer(nsqd.tcp_address, auth_secret="s3cret") as producer:
-        producer.publish(topic, b"no auth needed")
-    assert message_count(nsqd.http_address, topic) == 1
+        producer.publish(nsq_topic, b"no auth needed")
+    assert message_count(nsqd.http_address, nsq_topic) == 1
     warnings_logged = [
         r
         for r in caplog.records
@@ -326,7 +328,9 @@ def test_auth_secret_but_auth_not_required_warns(
 # ----------------------------------------------------------------------------------- concurrency
 
 
-def test_eight_threads_share_one_producer(nsqd: NsqdProcess, topic: str, runtime_mode: str) -> None:
+def test_eight_threads_share_one_producer(
+    nsqd: NsqdProcess, nsq_topic: str, runtime_mode: str
+) -> None:
     """nsqd flags: none (shared nsqd). 8 threads x 1,000 PUBs through one Producer."""
     threads_n, per_thread = 8, 1000
     errors: list[BaseException] = []
@@ -339,7 +343,7 @@ def test_eight_threads_share_one_producer(nsqd: NsqdProcess, topic: str, runtime
             start.wait(30)
             try:
                 for i in range(per_thread):
-                    producer.publish(topic, b"%d-%d" % (n, i))
+                    producer.publish(nsq_topic, b"%d-%d" % (n, i))
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
@@ -352,9 +356,9 @@ def test_eight_threads_share_one_producer(nsqd: NsqdProcess, topic: str, runtime
         assert not any(t.is_alive() for t in threads), "publishing threads did not finish"
         assert errors == []
         # one pooled connection carried them all
-        [client] = _client_of(nsqd.http_address, topic)
-        assert _pub_count(client, topic) == threads_n * per_thread
-    assert message_count(nsqd.http_address, topic) == threads_n * per_thread
+        [client] = _client_of(nsqd.http_address, nsq_topic)
+        assert _pub_count(client, nsq_topic) == threads_n * per_thread
+    assert message_count(nsqd.http_address, nsq_topic) == threads_n * per_thread
 
 
 # -------------------------------------------------------------------------------------- failover
@@ -363,7 +367,7 @@ def test_eight_threads_share_one_producer(nsqd: NsqdProcess, topic: str, runtime
 @pytest.mark.parametrize("retry_unknown", [False, True], ids=["no-resend", "retry_unknown"])
 @pytest.mark.parametrize("publishers", [1, 4])
 def test_failover_when_first_nsqd_stops(
-    nsqd_factory: Any, topic: str, record_property: Any, publishers: int, retry_unknown: bool
+    nsqd_factory: Any, nsq_topic: str, record_property: Any, publishers: int, retry_unknown: bool
 ) -> None:
     """nsqd flags: none (two fresh nsqds; the first is stopped with SIGTERM mid-run, then
     restarted on the same data path to count what it had persisted).
@@ -384,7 +388,7 @@ def test_failover_when_first_nsqd_stops(
                 body = b"m%d-%06d" % (n, i)
                 i += 1
                 try:
-                    producer.publish(topic, body)
+                    producer.publish(nsq_topic, body)
                 except BaseException as exc:
                     failed.append((body, exc))
                 else:
@@ -399,7 +403,7 @@ def test_failover_when_first_nsqd_stops(
         try:
             wait_for(lambda: len(succeeded) >= 300, "300 publishes to the first nsqd")
             # The producer sticks to the first address while it works.
-            assert message_count(second.http_address, topic) == 0
+            assert message_count(second.http_address, nsq_topic) == 0
             first.stop()
             at_stop = len(succeeded)
             wait_for(lambda: len(succeeded) >= at_stop + 300, "300 publishes after the failover")
@@ -415,10 +419,10 @@ def test_failover_when_first_nsqd_stops(
         # at most the PUB each publisher had in flight, each saying the outcome is unknown
         assert len(failed) <= publishers, failed
         assert all(isinstance(exc, PublishOutcomeUnknown) for _, exc in failed), failed
-    on_second = message_count(second.http_address, topic)
+    on_second = message_count(second.http_address, nsq_topic)
     assert on_second >= 300
     first.restart()
-    on_first = topic_depth(first.http_address, topic)  # persisted on SIGTERM, nothing consumed
+    on_first = topic_depth(first.http_address, nsq_topic)  # persisted on SIGTERM, nothing consumed
     total = on_first + on_second
     duplicates = total - len(succeeded)
     record_property("failover_published", len(succeeded))
@@ -439,14 +443,14 @@ def test_failover_when_first_nsqd_stops(
 # ------------------------------------------------------------------------------------------ fork
 
 
-def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
+def test_forked_child_reconnects(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd). Works under threads and under gevent (gevent's fork)."""
     child_count = 50
     with Producer(nsqd.tcp_address) as producer:
-        producer.publish(topic, b"parent before fork")
+        producer.publish(nsq_topic, b"parent before fork")
         parent_conn = producer._slots[0].conn
         assert parent_conn is not None
-        [parent_client] = _client_of(nsqd.http_address, topic)
+        [parent_client] = _client_of(nsqd.http_address, nsq_topic)
 
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
@@ -461,7 +465,7 @@ def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
                 os.close(ready_r)
                 os.close(go_w)
                 for i in range(child_count):
-                    producer.publish(topic, b"child %d" % i)
+                    producer.publish(nsq_topic, b"child %d" % i)
                 os.write(ready_w, b"1")
                 select.select([go_r], [], [], 30.0)  # the parent looks at /stats meanwhile
                 producer.close()
@@ -477,8 +481,8 @@ def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
         try:
             readable, _, _ = select.select([ready_r], [], [], 30.0)
             assert readable and os.read(ready_r, 1) == b"1", "the child did not publish"
-            clients = _client_of(nsqd.http_address, topic)
-            by_address = {c["remote_address"]: _pub_count(c, topic) for c in clients}
+            clients = _client_of(nsqd.http_address, nsq_topic)
+            by_address = {c["remote_address"]: _pub_count(c, nsq_topic) for c in clients}
             # two connections: the parent's (1 message) and the child's own (child_count)
             assert len(by_address) == 2, by_address
             assert by_address[parent_client["remote_address"]] == 1
@@ -490,71 +494,71 @@ def test_forked_child_reconnects(nsqd: NsqdProcess, topic: str) -> None:
         assert exit_code == 0
 
         # The child dropped its copy of the parent's socket without shutting it down.
-        producer.publish(topic, b"parent after fork")
+        producer.publish(nsq_topic, b"parent after fork")
         assert producer._slots[0].conn is parent_conn
-        [client] = _client_of(nsqd.http_address, topic)  # the child's connection is gone
+        [client] = _client_of(nsqd.http_address, nsq_topic)  # the child's connection is gone
         assert client["remote_address"] == parent_client["remote_address"]
-        assert _pub_count(client, topic) == 2
-    assert message_count(nsqd.http_address, topic) == 1 + child_count + 1
+        assert _pub_count(client, nsq_topic) == 2
+    assert message_count(nsqd.http_address, nsq_topic) == 1 + child_count + 1
 
 
 # -------------------------------------------------------------------------------------- DPUB/MPUB
 
 
-def test_deferred_publish_shows_as_deferred(nsqd: NsqdProcess, topic: str) -> None:
+def test_deferred_publish_shows_as_deferred(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     with NsqdHTTPClient(nsqd.http_address) as http:
-        http.create_topic(topic)
-        http.create_channel(topic, "ch")
+        http.create_topic(nsq_topic)
+        http.create_channel(nsq_topic, "ch")
         with Producer(nsqd.tcp_address) as producer:
-            producer.deferred_publish(topic, b"later", delay=60.0)
-            producer.deferred_publish(topic, b"later too", delay=30)
-            producer.publish(topic, b"now")
+            producer.deferred_publish(nsq_topic, b"later", delay=60.0)
+            producer.deferred_publish(nsq_topic, b"later too", delay=30)
+            producer.publish(nsq_topic, b"now")
 
         def settled() -> dict[str, Any] | None:
-            ch = http.channel_stats(topic, "ch")
+            ch = http.channel_stats(nsq_topic, "ch")
             return ch if ch is not None and ch["deferred_count"] == 2 else None
 
         channel = wait_for(settled, "2 deferred messages in the channel")
         assert channel["depth"] == 1  # only the immediate one is visible
-    assert message_count(nsqd.http_address, topic) == 3
+    assert message_count(nsqd.http_address, nsq_topic) == 3
 
 
-def test_mpub_is_atomic_on_the_server(nsqd_factory: Any, topic: str) -> None:
+def test_mpub_is_atomic_on_the_server(nsqd_factory: Any, nsq_topic: str) -> None:
     """nsqd flags: --max-msg-size=1000 (client-side check disabled with max_msg_size=None)."""
     server = nsqd_factory("--max-msg-size=1000")
     with Producer(server.tcp_address, max_msg_size=None) as producer:
         with pytest.raises(ServerBadMessage) as info:
-            producer.multi_publish(topic, [b"a" * 10, b"b" * 999, b"c" * 1001, b"d" * 10])
+            producer.multi_publish(nsq_topic, [b"a" * 10, b"b" * 999, b"c" * 1001, b"d" * 10])
         assert "too big" in str(info.value)
-        assert message_count(server.http_address, topic) == 0  # none of the batch
-        assert topic_depth(server.http_address, topic) == 0
+        assert message_count(server.http_address, nsq_topic) == 0  # none of the batch
+        assert topic_depth(server.http_address, nsq_topic) == 0
         # nsqd closed that connection; the producer reconnects for the next batch
-        producer.multi_publish(topic, [b"a" * 10, b"b" * 1000])
-    assert message_count(server.http_address, topic) == 2
+        producer.multi_publish(nsq_topic, [b"a" * 10, b"b" * 1000])
+    assert message_count(server.http_address, nsq_topic) == 2
 
 
-def test_oversize_body_rejected_before_sending(nsqd_factory: Any, topic: str) -> None:
+def test_oversize_body_rejected_before_sending(nsqd_factory: Any, nsq_topic: str) -> None:
     """nsqd flags: --max-msg-size=1000."""
     server = nsqd_factory("--max-msg-size=1000")
     with Producer(server.tcp_address, max_msg_size=1000) as producer:
-        producer.publish(topic, b"ok")
+        producer.publish(nsq_topic, b"ok")
         conn = producer._slots[0].conn
         with pytest.raises(InvalidBody, match=r"message 2\) of 1001 bytes exceeds max_msg_size"):
-            producer.multi_publish(topic, [b"a", b"b" * 1000, b"c" * 1001])
+            producer.multi_publish(nsq_topic, [b"a", b"b" * 1000, b"c" * 1001])
         with pytest.raises(InvalidBody, match="1001 bytes exceeds max_msg_size 1000"):
-            producer.publish(topic, b"x" * 1001)
+            producer.publish(nsq_topic, b"x" * 1001)
         with pytest.raises(InvalidBody, match="exceeds max_msg_size"):
-            producer.deferred_publish(topic, "é" * 501, delay=1.0)  # 1002 bytes as UTF-8
-        producer.publish(topic, b"still fine")
+            producer.deferred_publish(nsq_topic, "é" * 501, delay=1.0)  # 1002 bytes as UTF-8
+        producer.publish(nsq_topic, b"still fine")
         assert producer._slots[0].conn is conn  # nothing reached nsqd, no error, no reconnect
-    assert message_count(server.http_address, topic) == 2
+    assert message_count(server.http_address, nsq_topic) == 2
 
     # The default limit (1 MiB, nsqd's default --max-msg-size) is checked client-side too.
     producer = Producer(server.tcp_address)
     with producer, pytest.raises(InvalidBody, match="exceeds max_msg_size 1048576"):
-        producer.publish(topic, b"x" * (1024 * 1024 + 1))
-    assert message_count(server.http_address, topic) == 2
+        producer.publish(nsq_topic, b"x" * (1024 * 1024 + 1))
+    assert message_count(server.http_address, nsq_topic) == 2
 
 
 # ------------------------------------------------------------------------------------- bad input
@@ -571,10 +575,10 @@ def producer(nsqd: NsqdProcess) -> Any:
     ["", "a" * 65, "has space", "slash/topic", "new\nline", "t\u00f6pic", "x#ephemeralz", b"\xff"],
 )
 def test_invalid_topic_names(
-    producer: Producer, nsqd: NsqdProcess, topic: str, bad_topic: Any
+    producer: Producer, nsqd: NsqdProcess, nsq_topic: str, bad_topic: Any
 ) -> None:
     """nsqd flags: none (shared nsqd)."""
-    producer.publish(topic, b"before")
+    producer.publish(nsq_topic, b"before")
     conn = producer._slots[0].conn
     with pytest.raises(InvalidName, match="invalid topic name"):
         producer.publish(bad_topic, b"x")
@@ -582,99 +586,101 @@ def test_invalid_topic_names(
         producer.multi_publish(bad_topic, [b"x"])
     with pytest.raises(InvalidName, match="invalid topic name"):
         producer.deferred_publish(bad_topic, b"x", delay=1.0)
-    producer.publish(topic, b"after")
+    producer.publish(nsq_topic, b"after")
     assert producer._slots[0].conn is conn
-    assert message_count(nsqd.http_address, topic) == 2
+    assert message_count(nsqd.http_address, nsq_topic) == 2
 
 
-def test_empty_and_wrongly_typed_bodies(producer: Producer, nsqd: NsqdProcess, topic: str) -> None:
+def test_empty_and_wrongly_typed_bodies(
+    producer: Producer, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     """nsqd flags: none (shared nsqd)."""
-    producer.publish(topic, b"before")
+    producer.publish(nsq_topic, b"before")
     conn = producer._slots[0].conn
     for empty in (b"", "", bytearray(), memoryview(b"")):
         with pytest.raises(InvalidBody, match="empty"):
-            producer.publish(topic, empty)
+            producer.publish(nsq_topic, empty)
         with pytest.raises(InvalidBody, match="empty"):
-            producer.deferred_publish(topic, empty, delay=1.0)
+            producer.deferred_publish(nsq_topic, empty, delay=1.0)
     with pytest.raises(InvalidBody, match=r"message 1\) is empty"):
-        producer.multi_publish(topic, [b"ok", b"", b"ok"])
+        producer.multi_publish(nsq_topic, [b"ok", b"", b"ok"])
     with pytest.raises(InvalidBody, match="must be bytes or str, got int"):
-        producer.publish(topic, 42)  # type: ignore[arg-type]
+        producer.publish(nsq_topic, 42)  # type: ignore[arg-type]
     with pytest.raises(InvalidBody, match="not a single body"):
-        producer.multi_publish(topic, b"one body, not a list")
-    producer.publish(topic, b"after")
+        producer.multi_publish(nsq_topic, b"one body, not a list")
+    producer.publish(nsq_topic, b"after")
     assert producer._slots[0].conn is conn
-    assert message_count(nsqd.http_address, topic) == 2
+    assert message_count(nsqd.http_address, nsq_topic) == 2
 
 
-def test_empty_mpub(producer: Producer, nsqd: NsqdProcess, topic: str) -> None:
+def test_empty_mpub(producer: Producer, nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     with pytest.raises(InvalidBody, match="at least one message"):
-        producer.multi_publish(topic, [])
+        producer.multi_publish(nsq_topic, [])
     with pytest.raises(InvalidBody, match="at least one message"):
-        producer.multi_publish(topic, iter(()))
-    assert message_count(nsqd.http_address, topic) == 0
-    producer.multi_publish(topic, (b"%d" % i for i in range(3)))  # any iterable works
-    assert message_count(nsqd.http_address, topic) == 3
+        producer.multi_publish(nsq_topic, iter(()))
+    assert message_count(nsqd.http_address, nsq_topic) == 0
+    producer.multi_publish(nsq_topic, (b"%d" % i for i in range(3)))  # any iterable works
+    assert message_count(nsqd.http_address, nsq_topic) == 3
 
 
-def test_mpub_over_max_body_size(nsqd: NsqdProcess, topic: str) -> None:
+def test_mpub_over_max_body_size(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd; client max_body_size lowered)."""
     with Producer(nsqd.tcp_address, max_body_size=1000) as producer:
         with pytest.raises(InvalidBody, match="exceeds max_body_size 1000"):
-            producer.multi_publish(topic, [b"x" * 400] * 3)
-        producer.multi_publish(topic, [b"x" * 400] * 2)
-    assert message_count(nsqd.http_address, topic) == 2
+            producer.multi_publish(nsq_topic, [b"x" * 400] * 3)
+        producer.multi_publish(nsq_topic, [b"x" * 400] * 2)
+    assert message_count(nsqd.http_address, nsq_topic) == 2
 
 
 @pytest.mark.parametrize("delay", [-1, -0.001, 3600.001, 86400, float("nan"), float("inf"), True])
-def test_bad_defer(producer: Producer, nsqd: NsqdProcess, topic: str, delay: Any) -> None:
+def test_bad_defer(producer: Producer, nsqd: NsqdProcess, nsq_topic: str, delay: Any) -> None:
     """nsqd flags: none (shared nsqd; max_defer is 3600 s like nsqd's --max-req-timeout)."""
     with pytest.raises(ConfigError, match="max_defer"):
-        producer.deferred_publish(topic, b"x", delay=delay)
-    assert message_count(nsqd.http_address, topic) == 0
-    producer.deferred_publish(topic, b"x", delay=3600)  # the limit itself is fine
-    assert message_count(nsqd.http_address, topic) == 1
+        producer.deferred_publish(nsq_topic, b"x", delay=delay)
+    assert message_count(nsqd.http_address, nsq_topic) == 0
+    producer.deferred_publish(nsq_topic, b"x", delay=3600)  # the limit itself is fine
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
-def test_defer_limit_is_configurable(nsqd: NsqdProcess, topic: str) -> None:
+def test_defer_limit_is_configurable(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     with Producer(nsqd.tcp_address, max_defer=10.0) as producer:
         with pytest.raises(ConfigError, match=r"max_defer \(10.0 s\), got 10.5"):
-            producer.deferred_publish(topic, b"x", delay=10.5)
-        producer.deferred_publish(topic, b"x", delay=10.0)
-    assert message_count(nsqd.http_address, topic) == 1
+            producer.deferred_publish(nsq_topic, b"x", delay=10.5)
+        producer.deferred_publish(nsq_topic, b"x", delay=10.0)
+    assert message_count(nsqd.http_address, nsq_topic) == 1
 
 
-def test_publish_after_close(nsqd: NsqdProcess, topic: str) -> None:
+def test_publish_after_close(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd)."""
     producer = Producer(nsqd.tcp_address)
-    producer.publish(topic, b"before close")
+    producer.publish(nsq_topic, b"before close")
     producer.close()
     producer.close()  # idempotent
     assert producer.closed
     with pytest.raises(Stopped, match="closed"):
-        producer.publish(topic, b"x")
+        producer.publish(nsq_topic, b"x")
     with pytest.raises(Stopped):
-        producer.multi_publish(topic, [b"x"])
+        producer.multi_publish(nsq_topic, [b"x"])
     with pytest.raises(Stopped):
-        producer.deferred_publish(topic, b"x", delay=1.0)
-    assert message_count(nsqd.http_address, topic) == 1
+        producer.deferred_publish(nsq_topic, b"x", delay=1.0)
+    assert message_count(nsqd.http_address, nsq_topic) == 1
     # the connection is really gone from nsqd's point of view
-    wait_for(lambda: not _client_of(nsqd.http_address, topic), "nsqd to drop the connection")
+    wait_for(lambda: not _client_of(nsqd.http_address, nsq_topic), "nsqd to drop the connection")
 
 
-def test_http_port_given_as_tcp_port(nsqd: NsqdProcess, topic: str) -> None:
+def test_http_port_given_as_tcp_port(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """nsqd flags: none (shared nsqd; its HTTP port is given as the TCP address)."""
     with Producer(nsqd.http_address, publish_timeout=SLOW_TIMEOUT) as producer:
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
         assert isinstance(error.reason, RemoteProtocolError)
         assert "HTTP port" in str(error.reason)
         assert "HTTP port" in str(error)
         # the next attempt does not hammer the address either
-        error = _expect_prompt_publish_error(producer, topic)
+        error = _expect_prompt_publish_error(producer, nsq_topic)
         assert "HTTP port" in str(error)
-    assert message_count(nsqd.http_address, topic) == 0
+    assert message_count(nsqd.http_address, nsq_topic) == 0
 
 
 @pytest.mark.parametrize(
@@ -718,13 +724,13 @@ def test_unknown_option_at_construction() -> None:
         Producer("127.0.0.1:4150", snappy=True, deflate=True)
 
 
-def test_unreachable_nsqd_fails_within_publish_timeout(topic: str) -> None:
+def test_unreachable_nsqd_fails_within_publish_timeout(nsq_topic: str) -> None:
     """nsqd flags: no nsqd (a closed loopback port)."""
     port = free_closed_port()
     with Producer(f"127.0.0.1:{port}", publish_timeout=1.0) as producer:
         started = time.monotonic()
         with pytest.raises(PublishError, match="publish failed on every nsqd") as info:
-            producer.publish(topic, b"x")
+            producer.publish(nsq_topic, b"x")
         assert time.monotonic() - started < 1.0 + PROMPT
     assert isinstance(info.value.reason, NSQError)
     assert f"127.0.0.1:{port}" in str(info.value)

@@ -81,7 +81,7 @@ def _publish_when_back(producer: Producer, topic: str, body: bytes) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["direct", "proxy"])
 def test_shared_producer_recovers_after_nsqd_restart(
-    nsqd_factory: Any, topic: str, path: str, record_property: Any
+    nsqd_factory: Any, nsq_topic: str, path: str, record_property: Any
 ) -> None:
     """8 threads publish through one Producer; nsqd stops for 3 s and comes back on the same
     port (directly, or behind a proxy that holds each connection attempt 0.2 s while nsqd is
@@ -109,7 +109,7 @@ def test_shared_producer_recovers_after_nsqd_restart(
                     body = b"t%d-%06d" % (n, i)
                     i += 1
                     try:
-                        producer.publish(topic, body)
+                        producer.publish(nsq_topic, body)
                     except PublishOutcomeUnknown:
                         with lock:
                             unknown.append(body)
@@ -156,7 +156,7 @@ def test_shared_producer_recovers_after_nsqd_restart(
         if proxy is not None:
             proxy.close()
 
-    bodies = read_bodies(server.tcp_address, server.http_address, topic)
+    bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
     ok = [body for _, _, body in acked]
     missing = [body for body in ok if bodies[body] != 1]
     extra = set(bodies) - set(ok) - set(unknown)
@@ -186,13 +186,15 @@ def test_shared_producer_recovers_after_nsqd_restart(
 # ------------------------------------------------------------------ 2. the timeout is a bound
 
 
-def test_publish_timeout_bounds_a_server_that_never_answers(silent_server: str, topic: str) -> None:
+def test_publish_timeout_bounds_a_server_that_never_answers(
+    silent_server: str, nsq_topic: str
+) -> None:
     """Default settings (read_timeout 60 s): publish(timeout=1) against a server that accepts
     TCP and never answers the handshake returns within about 1 s. nsqd flags: no nsqd."""
     with Producer(silent_server) as producer:
         started = time.monotonic()
         with pytest.raises(PublishError) as info:
-            producer.publish(topic, b"x", timeout=1.0)
+            producer.publish(nsq_topic, b"x", timeout=1.0)
         took = time.monotonic() - started
     assert took < 1.0 + SLACK, f"publish(timeout=1) took {took:.2f} s"
     # the handshake never finished: nothing was sent, so the outcome is known
@@ -201,20 +203,20 @@ def test_publish_timeout_bounds_a_server_that_never_answers(silent_server: str, 
 
 
 def test_publish_fails_at_once_while_every_nsqd_is_backing_off(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> None:
     """nsqd flags: none (a fresh nsqd, stopped). With the default publish_timeout (10 s), each
     publish while nsqd is down fails at once, naming the address and the last cause."""
     server: NsqdProcess = nsqd_factory()
     with Producer(server.tcp_address) as producer:
-        producer.publish(topic, b"before")
+        producer.publish(nsq_topic, b"before")
         server.stop()
         took: list[float] = []
         error: PublishError | None = None
         for i in range(5):
             started = time.monotonic()
             with pytest.raises(PublishError) as info:
-                producer.publish(topic, b"during %d" % i)
+                producer.publish(nsq_topic, b"during %d" % i)
             took.append(time.monotonic() - started)
             error = info.value
     assert max(took) < SLACK, f"publishes while nsqd was down took {took}"
@@ -227,7 +229,7 @@ def test_publish_fails_at_once_while_every_nsqd_is_backing_off(
 
 
 def test_close_during_publish_opens_nothing_and_duplicates_nothing(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> None:
     """nsqd answers 3 s late (a proxy delays each direction 1.5 s); close(timeout=0.5) while
     two publishes wait. After close() no connection is opened, each waiting publish either
@@ -236,13 +238,13 @@ def test_close_during_publish_opens_nothing_and_duplicates_nothing(
     server: NsqdProcess = nsqd_factory()
     with FaultProxy(server.tcp_address) as proxy:
         producer = Producer(proxy.address)
-        producer.publish(topic, b"warm")
+        producer.publish(nsq_topic, b"warm")
         proxy.delay(1.5)
         outcomes: dict[bytes, BaseException | None] = {}
 
         def publish(body: bytes) -> None:
             try:
-                producer.publish(topic, body, timeout=10.0)
+                producer.publish(nsq_topic, body, timeout=10.0)
             except BaseException as exc:
                 outcomes[body] = exc
             else:
@@ -255,7 +257,7 @@ def test_close_during_publish_opens_nothing_and_duplicates_nothing(
         producer.close(timeout=0.5)
         _join(threads, 20.0)
         with pytest.raises(Stopped):
-            producer.publish(topic, b"after close")
+            producer.publish(nsq_topic, b"after close")
         assert proxy.accepted == 1, "a connection was opened after close()"
         for body, outcome in outcomes.items():
             if outcome is not None:
@@ -263,7 +265,7 @@ def test_close_during_publish_opens_nothing_and_duplicates_nothing(
                 assert "producer closed" in str(outcome)
         # whatever the proxy still held reaches nsqd; then count
         wait_for(lambda: proxy.connections == 0, "the proxy done forwarding", timeout=20.0)
-    bodies = read_bodies(server.tcp_address, server.http_address, topic)
+    bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
     assert set(bodies) <= {b"warm", b"a", b"b"}
     assert max(bodies.values()) == 1, bodies
     for body, outcome in outcomes.items():
@@ -275,7 +277,7 @@ def test_close_during_publish_opens_nothing_and_duplicates_nothing(
 
 
 def test_one_callers_timeout_leaves_the_shared_connection_alone(
-    nsqd_factory: Any, topic: str
+    nsqd_factory: Any, nsq_topic: str
 ) -> None:
     """Two threads share a Producer while nsqd answers late (0.25 s each way): A's
     publish(timeout=0.1) raises PublishOutcomeUnknown after about 0.1 s; B's publish returns OK
@@ -283,14 +285,14 @@ def test_one_callers_timeout_leaves_the_shared_connection_alone(
     next publish on that connection gets its own answer. nsqd flags: none."""
     server: NsqdProcess = nsqd_factory()
     with FaultProxy(server.tcp_address) as proxy, Producer(proxy.address) as producer:
-        producer.publish(topic, b"warm")
+        producer.publish(nsq_topic, b"warm")
         conn = producer._slots[0].conn
         proxy.delay(0.25)
         results: dict[str, Any] = {}
 
         def publish_b() -> None:
             try:
-                producer.publish(topic, b"b", timeout=10.0)
+                producer.publish(nsq_topic, b"b", timeout=10.0)
                 results["b"] = "ok"
             except BaseException as exc:
                 results["b"] = exc
@@ -299,24 +301,24 @@ def test_one_callers_timeout_leaves_the_shared_connection_alone(
         thread.start()
         started = time.monotonic()
         with pytest.raises(PublishOutcomeUnknown) as info:
-            producer.publish(topic, b"a", timeout=0.1)
+            producer.publish(nsq_topic, b"a", timeout=0.1)
         took = time.monotonic() - started
         _join([thread], 20.0)
         assert results["b"] == "ok", results
         assert "may or may not" in str(info.value)
         assert took < 0.1 + SLACK
         proxy.resume()
-        producer.publish(topic, b"c")  # A's late answer must not be taken for this one
+        producer.publish(nsq_topic, b"c")  # A's late answer must not be taken for this one
         assert producer._slots[0].conn is conn, "the shared connection was replaced"
         assert proxy.accepted == 1
-    bodies = read_bodies(server.tcp_address, server.http_address, topic)
+    bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
     assert bodies == {b"warm": 1, b"a": 1, b"b": 1, b"c": 1}
 
 
 # ------------------------------------------------------------------ 5. a write that times out
 
 
-def test_write_timeout_closes_the_connection(nsqd_factory: Any, topic: str) -> None:
+def test_write_timeout_closes_the_connection(nsqd_factory: Any, nsq_topic: str) -> None:
     """A write that times out (nsqd stopped reading: the proxy stalls) closes the connection
     and reports it, instead of leaving a stream that may hold half a command. nsqd flags:
     none."""
@@ -326,10 +328,10 @@ def test_write_timeout_closes_the_connection(nsqd_factory: Any, topic: str) -> N
         conn = NsqdConnection(proxy.address, Config(write_timeout=0.2), handler=collector)
         conn.connect()
         try:
-            conn.subscribe(topic, "c")
+            conn.subscribe(nsq_topic, "c")
             conn.start_reader()
             proxy.stall()
-            big = commands.pub(topic, b"x" * 900_000)
+            big = commands.pub(nsq_topic, b"x" * 900_000)
             with pytest.raises(NSQConnectionError, match="write timed out"):
                 for _ in range(60):  # fills the loopback buffers (a few MB)
                     conn.send(big)
@@ -342,7 +344,9 @@ def test_write_timeout_closes_the_connection(nsqd_factory: Any, topic: str) -> N
             conn.join(5.0)
 
 
-def test_write_timeout_fails_every_publish_on_the_connection(nsqd_factory: Any, topic: str) -> None:
+def test_write_timeout_fails_every_publish_on_the_connection(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
     """Four threads publish large messages through a stalled proxy with write_timeout 0.3 s:
     no publish returns OK while nothing reaches nsqd, and after the proxy resumes the producer
     publishes on a fresh connection with answers in step (every body at most once, the new
@@ -352,14 +356,14 @@ def test_write_timeout_fails_every_publish_on_the_connection(nsqd_factory: Any, 
         FaultProxy(server.tcp_address) as proxy,
         Producer(proxy.address, write_timeout=0.3, publish_timeout=5.0) as producer,
     ):
-        producer.publish(topic, b"warm")
+        producer.publish(nsq_topic, b"warm")
         proxy.stall()
         outcomes: list[BaseException | None] = []
 
         def publish(n: int) -> None:
             for i in range(4):
                 try:
-                    producer.publish(topic, b"%d-%d-" % (n, i) + b"x" * 900_000)
+                    producer.publish(nsq_topic, b"%d-%d-" % (n, i) + b"x" * 900_000)
                 except NSQError as exc:
                     outcomes.append(exc)
                 else:
@@ -373,7 +377,7 @@ def test_write_timeout_fails_every_publish_on_the_connection(nsqd_factory: Any, 
         proxy.cut()
         proxy.resume()
         for i in range(3):
-            _publish_when_back(producer, topic, b"after %d" % i)
-    bodies = read_bodies(server.tcp_address, server.http_address, topic)
+            _publish_when_back(producer, nsq_topic, b"after %d" % i)
+    bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
     assert max(bodies.values()) == 1
     assert all(bodies[b"after %d" % i] == 1 for i in range(3))

@@ -251,55 +251,55 @@ def test_http_port_is_detected(nsqd: Any, connect: Connect) -> None:
 # --------------------------------------------------------------------------- publishing
 
 
-def test_pub(nsqd: Any, connect: Connect, topic: str) -> None:
+def test_pub(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
     conn = connect()
     conn.handshake()
-    conn.send(commands.pub(topic, b"hello"))
+    conn.send(commands.pub(nsq_topic, b"hello"))
     assert conn.response() == b"OK"
-    stats = _topic_stats(nsqd.http_url, topic)
+    stats = _topic_stats(nsqd.http_url, nsq_topic)
     assert stats is not None
     assert stats["message_count"] == 1
 
 
-def test_mpub(nsqd: Any, connect: Connect, topic: str) -> None:
+def test_mpub(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
     conn = connect()
     conn.handshake()
-    conn.send(commands.mpub(topic, [b"one", b"two", "thr\u00e9e"]))
+    conn.send(commands.mpub(nsq_topic, [b"one", b"two", "thr\u00e9e"]))
     assert conn.response() == b"OK"
-    stats = _topic_stats(nsqd.http_url, topic)
+    stats = _topic_stats(nsqd.http_url, nsq_topic)
     assert stats is not None
     assert stats["message_count"] == 3
 
 
-def test_dpub_is_deferred_on_the_channel(nsqd: Any, connect: Connect, topic: str) -> None:
+def test_dpub_is_deferred_on_the_channel(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
     # The channel must exist before DPUB: a topic without channels keeps no deferred queue.
     for path, params in (
-        ("/topic/create", {"topic": topic}),
-        ("/channel/create", {"topic": topic, "channel": "deferred"}),
+        ("/topic/create", {"topic": nsq_topic}),
+        ("/channel/create", {"topic": nsq_topic, "channel": "deferred"}),
     ):
         requests.post(f"{nsqd.http_url}{path}", params=params, timeout=TIMEOUT).raise_for_status()
     conn = connect()
     conn.handshake()
-    conn.send(commands.dpub(topic, b"later", 60.0))
+    conn.send(commands.dpub(nsq_topic, b"later", 60.0))
     assert conn.response() == b"OK"
 
     def deferred() -> bool:
-        channel = _channel_stats(nsqd.http_url, topic, "deferred")
+        channel = _channel_stats(nsqd.http_url, nsq_topic, "deferred")
         return channel is not None and channel["deferred_count"] == 1
 
     _wait_for(deferred, "deferred_count 1 on the channel")
-    channel = _channel_stats(nsqd.http_url, topic, "deferred")
+    channel = _channel_stats(nsqd.http_url, nsq_topic, "deferred")
     assert channel is not None
     assert channel["depth"] == 0  # not deliverable yet
 
 
 def test_pub_over_max_msg_size_is_bad_message(
-    nsqd_factory: Any, connect: Connect, topic: str
+    nsqd_factory: Any, connect: Connect, nsq_topic: str
 ) -> None:
     server = nsqd_factory("--max-msg-size=64")
     conn = connect(server.tcp_address)
     conn.handshake()
-    conn.send(commands.pub(topic, b"x" * 65))
+    conn.send(commands.pub(nsq_topic, b"x" * 65))
     exc = conn.error().to_exception()
     assert isinstance(exc, ServerBadMessage)
     assert exc.fatal
@@ -309,11 +309,11 @@ def test_pub_over_max_msg_size_is_bad_message(
 # --------------------------------------------------------------------------- consuming
 
 
-def test_sub_rdy_delivers_messages(connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=10)
+def test_sub_rdy_delivers_messages(connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=10)
     bodies = [b"first", b"second\x00binary", "\u00fcnicode".encode()]
     before = time.time_ns()
-    _publish(connect, topic, *bodies)
+    _publish(connect, nsq_topic, *bodies)
     received = [consumer.message() for _ in bodies]
     assert sorted(m.body for m in received) == sorted(bodies)
     for msg in received:
@@ -324,25 +324,25 @@ def test_sub_rdy_delivers_messages(connect: Connect, topic: str) -> None:
     assert len({m.id for m in received}) == 3
 
 
-def test_rdy_zero_holds_messages_until_raised(nsqd: Any, connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=0)
-    _publish(connect, topic, b"held")
+def test_rdy_zero_holds_messages_until_raised(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=0)
+    _publish(connect, nsq_topic, b"held")
 
     def queued() -> bool:
-        channel = _channel_stats(nsqd.http_url, topic, "ch")
+        channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
         return channel is not None and channel["depth"] == 1
 
     _wait_for(queued, "the message to reach the channel")
-    channel = _channel_stats(nsqd.http_url, topic, "ch")
+    channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
     assert channel is not None
     assert channel["in_flight_count"] == 0  # RDY 0: nothing sent
     consumer.send(commands.rdy(1))
     assert consumer.message().body == b"held"
 
 
-def test_fin(nsqd: Any, connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=1)
-    _publish(connect, topic, b"done")
+def test_fin(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=1)
+    _publish(connect, nsq_topic, b"done")
     msg = consumer.message()
     consumer.send(commands.fin(msg.id))
     # nsqd handles commands in order: an error for FIN would arrive before CLOSE_WAIT.
@@ -350,15 +350,15 @@ def test_fin(nsqd: Any, connect: Connect, topic: str) -> None:
     assert consumer.response() == b"CLOSE_WAIT"
 
     def finished() -> bool:
-        channel = _channel_stats(nsqd.http_url, topic, "ch")
+        channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
         return channel is not None and channel["in_flight_count"] == 0 and channel["depth"] == 0
 
     _wait_for(finished, "the message to leave in-flight")
 
 
-def test_second_fin_fails_without_closing(connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=1)
-    _publish(connect, topic, b"once")
+def test_second_fin_fails_without_closing(connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=1)
+    _publish(connect, nsq_topic, b"once")
     msg = consumer.message()
     consumer.send(commands.fin(msg.id))
     consumer.send(commands.fin(msg.id))
@@ -369,9 +369,9 @@ def test_second_fin_fails_without_closing(connect: Connect, topic: str) -> None:
     assert consumer.response() == b"CLOSE_WAIT"  # still open
 
 
-def test_req_redelivers_with_attempts_2(connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=1)
-    _publish(connect, topic, b"again")
+def test_req_redelivers_with_attempts_2(connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=1)
+    _publish(connect, nsq_topic, b"again")
     first = consumer.message()
     assert first.attempts == 1
     consumer.send(commands.req(first.id, 0))
@@ -382,17 +382,17 @@ def test_req_redelivers_with_attempts_2(connect: Connect, topic: str) -> None:
     consumer.send(commands.fin(second.id))
 
 
-def test_touch(connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=1)
-    _publish(connect, topic, b"slow")
+def test_touch(connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=1)
+    _publish(connect, nsq_topic, b"slow")
     msg = consumer.message()
     consumer.send(commands.touch(msg.id) + commands.touch(msg.id) + commands.fin(msg.id))
     consumer.send(commands.cls())
     assert consumer.response() == b"CLOSE_WAIT"  # no error frame came before it
 
 
-def test_cls(connect: Connect, topic: str) -> None:
-    consumer = _subscribe(connect, topic, "ch", rdy=0)
+def test_cls(connect: Connect, nsq_topic: str) -> None:
+    consumer = _subscribe(connect, nsq_topic, "ch", rdy=0)
     consumer.send(commands.cls())
     assert consumer.response() == b"CLOSE_WAIT"
 
@@ -400,7 +400,7 @@ def test_cls(connect: Connect, topic: str) -> None:
 # --------------------------------------------------------------------------- heartbeats
 
 
-def test_heartbeats_answered_with_nop_keep_the_connection(connect: Connect, topic: str) -> None:
+def test_heartbeats_answered_with_nop_keep_the_connection(connect: Connect, nsq_topic: str) -> None:
     conn = connect()
     features = conn.handshake(feature_negotiation=True, heartbeat_interval=1000)
     assert features is not None
@@ -409,7 +409,7 @@ def test_heartbeats_answered_with_nop_keep_the_connection(connect: Connect, topi
         assert isinstance(conn.next_event(timeout=5.0), Heartbeat)
         conn.send(commands.nop())
     assert time.monotonic() - start >= 2.0  # three heartbeats one second apart
-    conn.send(commands.pub(topic, b"still here"))
+    conn.send(commands.pub(nsq_topic, b"still here"))
     assert conn.response() == b"OK"
 
 

@@ -45,10 +45,12 @@ class Handled:
             self.bodies.append(message.body)
 
 
-def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, topic: str) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 40)
+def test_idle_timeout_ends_a_drain_with_everything_finished(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 40)
     handler = Handled()
-    consumer = make(nsqd, topic, handler, max_in_flight=10, concurrency=4)
+    consumer = make(nsqd, nsq_topic, handler, max_in_flight=10, concurrency=4)
     summary = consumer.run(idle_timeout=0.5)
     assert isinstance(summary, RunSummary)
     assert summary.reason == "idle"
@@ -57,24 +59,24 @@ def test_idle_timeout_ends_a_drain_with_everything_finished(nsqd: NsqdProcess, t
     assert summary.ok
     assert summary.elapsed >= 0.5
     assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(40))
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
     assert consumer.stats().finished == 40
 
 
 def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 60)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 60)
     handler = Handled()
-    consumer = make(nsqd, topic, handler, max_in_flight=25, concurrency=3)
+    consumer = make(nsqd, nsq_topic, handler, max_in_flight=25, concurrency=3)
     summary = consumer.run(max_messages=10, timeout=30.0)
     assert summary.reason == "max_messages"
     assert handler.calls == 10
     assert (summary.handled, summary.finished, summary.failed) == (10, 10, 0)
     assert summary.ok
     # everything received beyond the 10 went back with no delay: all 50 are ready again
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert stats["in_flight_count"] == 0
     assert stats["deferred_count"] == 0
     assert stats["depth"] == 50
@@ -82,9 +84,9 @@ def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once
     assert summary.requeued == stats["requeue_count"]
 
 
-def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, topic: str) -> None:
-    prepare_channel(nsqd, topic, CHANNEL, 0)
-    consumer = make(nsqd, topic, Handled(), max_in_flight=0)  # paused: never idle
+def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    prepare_channel(nsqd, nsq_topic, CHANNEL, 0)
+    consumer = make(nsqd, nsq_topic, Handled(), max_in_flight=0)  # paused: never idle
     summary = consumer.run(timeout=datetime.timedelta(seconds=1.0), idle_timeout=0.2)
     assert summary.reason == "timeout"
     assert summary.elapsed >= 1.0
@@ -92,15 +94,17 @@ def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, topic: str) 
     assert summary.ok
 
 
-def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, topic: str) -> None:
+def test_failing_first_attempts_do_not_end_the_drain_early(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     """Backoff (RDY 0) lasts longer than idle_timeout here, and failed messages are requeued
     with no delay (a delayed one would be idle time: nsqd holds it back): a drain that took any
     time without messages for idleness would stop after the first failures."""
-    client = prepare_channel(nsqd, topic, CHANNEL, 5)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 5)
     handler = Handled(fail_below=2)  # every first attempt fails
     consumer = make(
         nsqd,
-        topic,
+        nsq_topic,
         handler,
         max_in_flight=5,
         default_requeue_delay=0.0,
@@ -115,13 +119,15 @@ def test_failing_first_attempts_do_not_end_the_drain_early(nsqd: NsqdProcess, to
     assert summary.requeued == 5
     assert not summary.ok
     assert consumer.stats().failed == 5
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
-def test_stop_from_another_thread_ends_the_run_as_stopped(nsqd: NsqdProcess, topic: str) -> None:
-    prepare_channel(nsqd, topic, CHANNEL, 0)
-    consumer = make(nsqd, topic, Handled())
+def test_stop_from_another_thread_ends_the_run_as_stopped(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    prepare_channel(nsqd, nsq_topic, CHANNEL, 0)
+    consumer = make(nsqd, nsq_topic, Handled())
     result: list[RunSummary] = []
     runner = threading.Thread(target=lambda: result.append(consumer.run(idle_timeout=60.0)))
     runner.start()
@@ -131,10 +137,12 @@ def test_stop_from_another_thread_ends_the_run_as_stopped(nsqd: NsqdProcess, top
     assert result and result[0].reason == "stopped"
 
 
-def test_requeue_counts_every_req_and_failed_only_exceptions(nsqd: NsqdProcess, topic: str) -> None:
+def test_requeue_counts_every_req_and_failed_only_exceptions(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     """requeued: handler exceptions, RequeueMessage and message.requeue() alike; failed: only
     the exceptions."""
-    client = prepare_channel(nsqd, topic, CHANNEL, 0)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 0)
 
     def handler(message: Message) -> None:
         kind = message.body.split(b":")[0]
@@ -147,8 +155,8 @@ def test_requeue_counts_every_req_and_failed_only_exceptions(nsqd: NsqdProcess, 
         if kind == b"requeue":
             message.requeue(0.0, backoff=False)
 
-    client.mpub(topic, [b"raise:1", b"requeue-exc:2", b"requeue:3", b"ok:4"])
-    consumer = make(nsqd, topic, handler, max_in_flight=4, default_requeue_delay=0.0)
+    client.mpub(nsq_topic, [b"raise:1", b"requeue-exc:2", b"requeue:3", b"ok:4"])
+    consumer = make(nsqd, nsq_topic, handler, max_in_flight=4, default_requeue_delay=0.0)
     summary = consumer.run(idle_timeout=0.5, timeout=30.0)
     assert (summary.failed, summary.requeued, summary.finished) == (1, 3, 4)
     assert summary.handled == 7
@@ -167,9 +175,9 @@ def test_requeue_counts_every_req_and_failed_only_exceptions(nsqd: NsqdProcess, 
     ],
 )
 def test_bad_run_arguments_raise_before_anything_starts(
-    nsqd: NsqdProcess, topic: str, kwargs: dict[str, Any], name: str
+    nsqd: NsqdProcess, nsq_topic: str, kwargs: dict[str, Any], name: str
 ) -> None:
-    consumer = make(nsqd, topic, Handled())
+    consumer = make(nsqd, nsq_topic, Handled())
     with pytest.raises(ConfigError, match=name):
         consumer.run(**kwargs)
     assert consumer.connections == []
@@ -178,49 +186,51 @@ def test_bad_run_arguments_raise_before_anything_starts(
 
 
 def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_not(
-    nsqlookupd: NsqlookupdProcess, topic: str
+    nsqlookupd: NsqlookupdProcess, nsq_topic: str
 ) -> None:
     """With lookupd only, a cron drain of a topic nobody has published yet must still end."""
-    consumer = Consumer(topic, CHANNEL, Handled(), lookupd_http_addresses=[nsqlookupd.http_address])
+    consumer = Consumer(
+        nsq_topic, CHANNEL, Handled(), lookupd_http_addresses=[nsqlookupd.http_address]
+    )
     summary = consumer.run(idle_timeout=0.5, timeout=30.0)
     assert summary.reason == "idle"
     assert summary.handled == 0
     # a lookupd that does not answer says nothing about the topic: waiting for it is not idle
     dead = Consumer(
-        topic, CHANNEL, Handled(), lookupd_http_addresses=[f"127.0.0.1:{free_closed_port()}"]
+        nsq_topic, CHANNEL, Handled(), lookupd_http_addresses=[f"127.0.0.1:{free_closed_port()}"]
     )
     summary = dead.run(idle_timeout=0.3, timeout=1.5)
     assert summary.reason == "timeout"
 
 
-def test_a_handler_calling_stop_ends_the_run_as_stopped(nsqd: NsqdProcess, topic: str) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+def test_a_handler_calling_stop_ends_the_run_as_stopped(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 3)
     holder: list[Consumer] = []
 
     def handler(message: Message) -> None:
         holder[0].stop()  # returns at once on a worker; the stop completes on its own
 
-    consumer = make(nsqd, topic, handler)
+    consumer = make(nsqd, nsq_topic, handler)
     holder.append(consumer)
     summary = consumer.run(idle_timeout=30.0, timeout=60.0)
     assert summary.reason == "stopped"
     assert summary.handled == 1
     assert summary.finished == 1
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["in_flight_count"], stats["depth"] + stats["deferred_count"]) == (0, 2)
 
 
 def test_system_exit_in_a_handler_is_reraised_by_run_after_a_graceful_stop(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
-    client = prepare_channel(nsqd, topic, CHANNEL, 3)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 3)
 
     def handler(message: Message) -> None:
         raise SystemExit(4)
 
-    consumer = make(nsqd, topic, handler)
+    consumer = make(nsqd, nsq_topic, handler)
     with pytest.raises(SystemExit) as raised:
         consumer.run(idle_timeout=30.0, timeout=60.0)
     assert raised.value.code == 4
-    stats = settled_channel(client, topic, CHANNEL)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["in_flight_count"], stats["depth"]) == (0, 3)

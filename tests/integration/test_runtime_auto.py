@@ -42,7 +42,7 @@ def _run(script: str, nsqd: NsqdProcess, topic: str) -> dict[str, Any]:
     return report
 
 
-def test_producer_built_before_patching_runs_on_gevent(nsqd: NsqdProcess, topic: str) -> None:
+def test_producer_built_before_patching_runs_on_gevent(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """Regression: the runtime used to be chosen in Producer() (threads, before the patch)."""
     report = _run(
         """
@@ -56,7 +56,7 @@ def test_producer_built_before_patching_runs_on_gevent(nsqd: NsqdProcess, topic:
                           "connection": conn.runtime.name, "warnings": caught}))
         """,
         nsqd,
-        topic,
+        nsq_topic,
     )
     assert report == {
         "before": "threads",
@@ -66,7 +66,7 @@ def test_producer_built_before_patching_runs_on_gevent(nsqd: NsqdProcess, topic:
     }
 
 
-def test_forked_child_patched_by_gevent_decides_again(nsqd: NsqdProcess, topic: str) -> None:
+def test_forked_child_patched_by_gevent_decides_again(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """A gunicorn master publishes on threads; its -k gevent worker forks, patches, publishes."""
     report = _run(
         """
@@ -90,12 +90,14 @@ def test_forked_child_patched_by_gevent_decides_again(nsqd: NsqdProcess, topic: 
                           "warnings": caught + child_warnings}))
         """,
         nsqd,
-        topic,
+        nsq_topic,
     )
     assert report == {"master": "threads", "worker": "gevent", "status": 0, "warnings": []}
 
 
-def test_patching_after_a_producer_started_on_threads_warns(nsqd: NsqdProcess, topic: str) -> None:
+def test_patching_after_a_producer_started_on_threads_warns(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     report = _run(
         """
         producer = Producer(address)
@@ -107,7 +109,7 @@ def test_patching_after_a_producer_started_on_threads_warns(nsqd: NsqdProcess, t
         print(json.dumps({"runtime": producer.runtime.name, "warnings": caught}))
         """,
         nsqd,
-        topic,
+        nsq_topic,
     )
     assert report["runtime"] == "threads"
     [warning] = report["warnings"]  # once, not per publish
@@ -115,7 +117,9 @@ def test_patching_after_a_producer_started_on_threads_warns(nsqd: NsqdProcess, t
     assert "gevent monkey-patched this process after" in warning
 
 
-def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, topic: str) -> None:
+def test_consumer_built_before_patching_consumes_on_gevent(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
     """Regression: a Consumer chose its runtime in Consumer() and start() raised ConfigError
     in a process gevent patched since (a gunicorn master's consumer in a -k gevent worker)."""
     report = _run(
@@ -143,7 +147,7 @@ def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, to
                           "warnings": caught}))
         """,
         nsqd,
-        topic,
+        nsq_topic,
     )
     assert report == {
         "made": "threads",
@@ -159,7 +163,7 @@ def test_consumer_built_before_patching_consumes_on_gevent(nsqd: NsqdProcess, to
 
 
 def test_batch_consumer_built_before_patching_consumes_on_gevent(
-    nsqd: NsqdProcess, topic: str
+    nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     report = _run(
         """
@@ -182,7 +186,7 @@ def test_batch_consumer_built_before_patching_consumes_on_gevent(
                           "in_flight": stats.in_flight, "warnings": caught}))
         """,
         nsqd,
-        topic,
+        nsq_topic,
     )
     assert report == {
         "made": "threads",

@@ -162,7 +162,7 @@ def _topics(nsqd: NsqdProcess) -> set[str]:
 )
 def test_publish_rejects_locally(
     nsqd: NsqdProcess,
-    topic: str,
+    nsq_topic: str,
     call: Callable[[Producer, str], Any],
     error: type[Exception],
     pattern: str,
@@ -170,7 +170,7 @@ def test_publish_rejects_locally(
     before = _topics(nsqd)
     with Producer(nsqd.tcp_address) as producer:
         with pytest.raises(error) as info:
-            call(producer, topic)
+            call(producer, nsq_topic)
         assert type(info.value) is error
         assert re.search(pattern, str(info.value)), str(info.value)
         assert all(slot.conn is None for slot in producer._slots), "it connected to nsqd"
@@ -385,13 +385,13 @@ def test_construction_rejects(
     assert re.search(pattern, str(info.value)), str(info.value)
 
 
-def test_invalid_consumer_sends_nothing(nsqd: NsqdProcess, topic: str) -> None:
+def test_invalid_consumer_sends_nothing(nsqd: NsqdProcess, nsq_topic: str) -> None:
     """A consumer rejected at construction never subscribes: nsqd has no topic or channel."""
     before = _topics(nsqd)
     with pytest.raises(ConfigError):
-        Consumer(topic, CHANNEL, _handler, nsqd_tcp_addresses=nsqd.tcp_address, concurrency=0)
+        Consumer(nsq_topic, CHANNEL, _handler, nsqd_tcp_addresses=nsqd.tcp_address, concurrency=0)
     with pytest.raises(InvalidName):
-        Consumer(topic, "bad channel", _handler, nsqd_tcp_addresses=nsqd.tcp_address)
+        Consumer(nsq_topic, "bad channel", _handler, nsqd_tcp_addresses=nsqd.tcp_address)
     assert _topics(nsqd) == before
 
 
@@ -482,7 +482,7 @@ def test_server_side_rejection(
     nsqd_factory: Any,
     pki: Pki,
     auth_server: AuthServer,
-    topic: str,
+    nsq_topic: str,
     caplog: pytest.LogCaptureFixture,
     case: str,
     options: dict[str, Any],
@@ -500,7 +500,7 @@ def test_server_side_rejection(
     with Producer(address, publish_timeout=publish_timeout, **options) as producer:
         t0 = time.monotonic()
         with pytest.raises(error) as info:
-            producer.publish(topic, b"never")
+            producer.publish(nsq_topic, b"never")
         took = time.monotonic() - t0
     assert type(info.value) is error
     if reason is not None:
@@ -511,7 +511,7 @@ def test_server_side_rejection(
     # Consumer: logs the failure and keeps retrying.
     caplog.set_level(logging.WARNING, logger="nsq_sync")
     consumer = Consumer(
-        topic,
+        nsq_topic,
         CHANNEL,
         _handler,
         nsqd_tcp_addresses=address,
@@ -533,4 +533,4 @@ def test_server_side_rejection(
         assert consumer.wait_connected(0) is False
     finally:
         assert consumer.stop(timeout=5.0) is True
-    assert message_count(server.http_address, topic) == 0
+    assert message_count(server.http_address, nsq_topic) == 0

@@ -67,7 +67,7 @@ class Paced:
 
 
 def test_lookupd_restarted_mid_consumption_keeps_every_connection(
-    nsq_cluster: Any, topic: str, consumers: Consumers, record_property: Any
+    nsq_cluster: Any, nsq_topic: str, consumers: Consumers, record_property: Any
 ) -> None:
     """nsqlookupd is restarted twice (same ports) while two nsqds it lists are consumed. A
     restarted lookupd answers 404 until each nsqd re-registers on its next ping (up to 15 s):
@@ -80,15 +80,15 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     cluster = nsq_cluster(2)
     urls = [n.http_url for n in cluster.nsqds]
     for url in urls:
-        publish_http(url, topic, make_bodies(1, f"warmup-{url[-5:]}"))
+        publish_http(url, nsq_topic, make_bodies(1, f"warmup-{url[-5:]}"))
     with LookupdClient(cluster.lookupd.http_url) as lookupd:
-        wait_for(lambda: len(lookupd.lookup(topic)) == 2, "lookupd to list both nsqds")
+        wait_for(lambda: len(lookupd.lookup(nsq_topic)) == 2, "lookupd to list both nsqds")
     published = [b for url in urls for b in make_bodies(1, f"warmup-{url[-5:]}")]
 
     handled_at: list[float] = []
     tally = Tally(lambda m: handled_at.append(time.monotonic()))
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         tally,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -104,7 +104,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     before = {id(c) for c in consumer._conns.values()}
 
     bodies = make_bodies(scaled(6000), "paced")
-    publisher = Paced(urls, topic, bodies, batch=20, interval=0.02)
+    publisher = Paced(urls, nsq_topic, bodies, batch=20, interval=0.02)
     publisher.thread.start()
     wait_for(lambda: publisher.sent >= len(bodies) // 4, "a quarter published")
     t_first = time.monotonic()
@@ -120,7 +120,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     published += bodies
     wait_for(lambda: tally.covers(published), f"all {len(published)} messages", 60.0)
     for url in urls:
-        wait_for(lambda url=url: settled_channel(url, topic), "channels empty")
+        wait_for(lambda url=url: settled_channel(url, nsq_topic), "channels empty")
     # from the first restart until the last message was handled (after publishing ended the
     # backlog drains, so a stall shows as one long gap wherever it fell)
     window = [t_first, *sorted(t for t in handled_at if t >= t_first)]
@@ -144,7 +144,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
 
 
 def test_stop_from_a_handler_under_load_loses_nothing(
-    nsqd: Any, topic: str, consumers: Consumers, record_property: Any
+    nsqd: Any, nsq_topic: str, consumers: Consumers, record_property: Any
 ) -> None:
     """A handler calls stop() in the middle of a backlog (max_in_flight 50, 4 workers): run()
     (main thread) returns, every message the first consumer got is FINed or requeued (nothing
@@ -153,7 +153,7 @@ def test_stop_from_a_handler_under_load_loses_nothing(
     """
     n = scaled(5000)
     bodies = make_bodies(n, "s")
-    publish_http(nsqd.http_url, topic, bodies)
+    publish_http(nsqd.http_url, nsq_topic, bodies)
     stop_after = n // 3
     marks: dict[str, float] = {}
     lock = threading.Lock()
@@ -170,7 +170,7 @@ def test_stop_from_a_handler_under_load_loses_nothing(
 
     tally = Tally(handler)
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         tally,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -180,14 +180,16 @@ def test_stop_from_a_handler_under_load_loses_nothing(
     consumer.run()
     stopped_s = time.monotonic() - marks["stop"]
     first = tally.handled
-    stats = channel_stats(nsqd.http_url, topic)
+    stats = channel_stats(nsqd.http_url, nsq_topic)
     assert stats["in_flight_count"] == 0 and stats["client_count"] == 0, stats
     assert stats["timeout_count"] == 0, stats
 
-    second = consumers(topic, CHANNEL, tally, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=50)
+    second = consumers(
+        nsq_topic, CHANNEL, tally, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=50
+    )
     second.start()
     wait_for(lambda: tally.covers(bodies), f"all {n} messages", 60.0)
-    wait_for(lambda: settled_channel(nsqd.http_url, topic), "channel empty")
+    wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "channel empty")
     assert second.stop(timeout=10.0) is True
     lost = tally.lost(bodies)
     record_figures(

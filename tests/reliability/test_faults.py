@@ -52,7 +52,7 @@ Consumers = Callable[..., Consumer]
 
 def test_cut_every_two_seconds_loses_nothing(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
 ) -> None:
@@ -68,11 +68,11 @@ def test_cut_every_two_seconds_loses_nothing(
     batch = 100
     nsqd = nsqd_factory("--mem-queue-size=10000000", "--msg-timeout=3s")
     bodies = make_bodies(n)
-    publish_http(nsqd.http_url, topic, bodies[:batch])
+    publish_http(nsqd.http_url, nsq_topic, bodies[:batch])
     tally = Tally()
     with FaultProxy(nsqd.tcp_address) as proxy:
         consumer = consumers(
-            topic,
+            nsq_topic,
             CHANNEL,
             tally,
             nsqd_tcp_addresses=proxy.address,
@@ -98,7 +98,7 @@ def test_cut_every_two_seconds_loses_nothing(
                 with Producer(nsqd.tcp_address) as producer:
                     t0 = time.monotonic()
                     for k, i in enumerate(range(batch, n, batch)):
-                        producer.multi_publish(topic, bodies[i : i + batch])
+                        producer.multi_publish(nsq_topic, bodies[i : i + batch])
                         ahead = t0 + (k + 1) * stream_s * batch / n - time.monotonic()
                         if ahead > 0:
                             time.sleep(ahead)
@@ -129,7 +129,7 @@ def test_cut_every_two_seconds_loses_nothing(
         elapsed = time.monotonic() - started
         # Redeliveries of messages already handled (their FIN died with a cut) may still be
         # due; count them all before comparing.
-        wait_for(lambda: settled_channel(nsqd.http_url, topic), "nothing left on nsqd", 30.0)
+        wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
         assert consumer.stop(timeout=10.0) is True
 
     # Recovery: from a cut to the first message handled on a new connection. Only cuts while
@@ -158,7 +158,7 @@ def test_cut_every_two_seconds_loses_nothing(
 
 def test_nsqd_restarted_mid_consumption_loses_nothing(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
 ) -> None:
@@ -171,10 +171,10 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
     n = scaled(50_000)
     nsqd = nsqd_factory()
     bodies = make_bodies(n)
-    publish_http(nsqd.http_url, topic, bodies)
+    publish_http(nsqd.http_url, nsq_topic, bodies)
     tally = Tally()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         tally,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -203,7 +203,7 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
         recoveries.append(tally.recovery_after(t_fault, old))
     assert handled_at[-1] < n, "the restarts came too late to test anything"
     wait_for(lambda: tally.covers(bodies), f"all {n} messages (handled {tally.unique})", 60.0)
-    wait_for(lambda: settled_channel(nsqd.http_url, topic), "nothing left on nsqd", 30.0)
+    wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
     lost = tally.lost(bodies)
     record_figures(
         record_property,
@@ -221,7 +221,7 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
 
 def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
 ) -> None:
@@ -237,10 +237,10 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     max_in_flight = 20
     nsqd = nsqd_factory("--mem-queue-size=0", "--sync-every=1")
     bodies = make_bodies(n)
-    publish_http(nsqd.http_url, topic, bodies, batch=1000)
+    publish_http(nsqd.http_url, nsq_topic, bodies, batch=1000)
     tally = Tally()
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         tally,
         nsqd_tcp_addresses=nsqd.tcp_address,
@@ -268,7 +268,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     received_before = consumer.stats().received
     nsqd.restart()
     wait_for(lambda: consumer.connections == [nsqd.tcp_address], "the consumer reconnected")
-    kept = channel_stats(nsqd.http_url, topic)
+    kept = channel_stats(nsqd.http_url, nsq_topic)
     assert kept["in_flight_count"] == 0 and kept["deferred_count"] == 0, kept
     depth = kept["depth"]
     consumer.set_max_in_flight(max_in_flight)
@@ -277,7 +277,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
         f"the {depth} messages nsqd kept",
         timeout=60.0,
     )
-    wait_for(lambda: settled_channel(nsqd.http_url, topic), "nothing left on nsqd", 30.0)
+    wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
     wait_for(lambda: consumer.stats().in_flight == 0, "the last handlers done")
     calls_after = tally.handled - calls_before
     received_after = consumer.stats().received - received_before
@@ -311,7 +311,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
 
 def test_stalled_connection_is_detected_and_replaced(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
 ) -> None:
@@ -324,14 +324,14 @@ def test_stalled_connection_is_detected_and_replaced(
     n = scaled(3_000)
     nsqd = nsqd_factory("--msg-timeout=3s")
     bodies = make_bodies(n)
-    publish_http(nsqd.http_url, topic, bodies)
+    publish_http(nsqd.http_url, nsq_topic, bodies)
     # One handler is held until the proxy forwards again, so a message is in flight across the
     # stall (its FIN cannot reach nsqd: it comes back after --msg-timeout, a duplicate).
     release = threading.Event()
     tally = Tally(lambda m: release.wait(30.0) if m.body == bodies[n // 3] else None)
     with FaultProxy(nsqd.tcp_address) as proxy:
         consumer = consumers(
-            topic,
+            nsq_topic,
             CHANNEL,
             tally,
             nsqd_tcp_addresses=proxy.address,
@@ -357,7 +357,7 @@ def test_stalled_connection_is_detected_and_replaced(
         proxy.resume()
         release.set()
         wait_for(lambda: tally.covers(bodies), f"all {n} messages (handled {tally.unique})", 60.0)
-        wait_for(lambda: settled_channel(nsqd.http_url, topic), "nothing left on nsqd", 30.0)
+        wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
         # Recovery: from the proxy forwarding again to the first message on a new connection.
         recovery = tally.recovery_after(t_resume, [old])
     lost = tally.lost(bodies)
@@ -385,7 +385,7 @@ def test_stalled_connection_is_detected_and_replaced(
 def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
     nsq_cluster: Any,
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
     outage: str,
@@ -400,14 +400,14 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
     cluster = nsq_cluster(1)
     [first] = cluster.nsqds
     per_phase = scaled(300)
-    publish_http(first.http_url, topic, make_bodies(1, "warmup"))
+    publish_http(first.http_url, nsq_topic, make_bodies(1, "warmup"))
     with LookupdClient(cluster.lookupd.http_url) as lookupd:
-        wait_for(lambda: lookupd.lookup(topic), "lookupd to list the topic")
+        wait_for(lambda: lookupd.lookup(nsq_topic), "lookupd to list the topic")
     tally = Tally()
     published: list[bytes] = list(make_bodies(1, "warmup"))
     with FaultProxy(cluster.lookupd.http_address) as proxy:
         consumer = consumers(
-            topic,
+            nsq_topic,
             CHANNEL,
             tally,
             lookupd_http_addresses=[f"http://{proxy.address}"],
@@ -428,18 +428,18 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
         # Messages keep flowing from the known nsqd throughout the outage.
         for phase in range(3):
             batch = make_bodies(per_phase, f"during{phase}")
-            publish_http(first.http_url, topic, batch)
+            publish_http(first.http_url, nsq_topic, batch)
             published.extend(batch)
             wait_for(lambda: tally.covers(batch), f"messages during the outage ({phase})")  # noqa: B023
         wait_for(lambda: proxy.accepted >= accepted + 2, "polls failing during the outage")
         # A new nsqd joins while lookupd cannot be asked.
         second = nsqd_factory(lookupd=cluster.lookupd)
         new_bodies = make_bodies(per_phase, "second")
-        publish_http(second.http_url, topic, new_bodies)
+        publish_http(second.http_url, nsq_topic, new_bodies)
         published += new_bodies
         with LookupdClient(cluster.lookupd.http_url) as lookupd:
             wait_for(
-                lambda: second.tcp_address in {p.tcp_address for p in lookupd.lookup(topic)},
+                lambda: second.tcp_address in {p.tcp_address for p in lookupd.lookup(nsq_topic)},
                 "lookupd to list the new nsqd",
             )
         wait_for(lambda: proxy.accepted >= accepted + 4, "more polls failing")
@@ -453,7 +453,7 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
         found_s = time.monotonic() - t_back
         wait_for(lambda: tally.covers(published), f"all {len(published)} messages", 30.0)
         for nsqd in (first, second):
-            wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, topic), "channels empty")
+            wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "channels empty")
     lost = tally.lost(published)
     record_figures(
         record_property,
@@ -505,7 +505,7 @@ CONSUMER_SCRIPT = textwrap.dedent(
 
 def test_sigterm_under_load_drains_and_exits_zero(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     tmp_path: Path,
     record_property: Any,
 ) -> None:
@@ -517,7 +517,7 @@ def test_sigterm_under_load_drains_and_exits_zero(
     n = scaled(50_000)
     nsqd = nsqd_factory("--mem-queue-size=10000000")
     bodies = make_bodies(n)
-    publish_http(nsqd.http_url, topic, bodies)
+    publish_http(nsqd.http_url, nsq_topic, bodies)
     script = tmp_path / "consumer.py"
     script.write_text(CONSUMER_SCRIPT)
     handled_path = tmp_path / "handled.txt"
@@ -525,14 +525,14 @@ def test_sigterm_under_load_drains_and_exits_zero(
     env = dict(os.environ, NSQ_SYNC_TEST_GEVENT="1" if gevent_patched() else "0")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(script), nsqd.tcp_address, topic, CHANNEL, str(handled_path)],
+            [sys.executable, str(script), nsqd.tcp_address, nsq_topic, CHANNEL, str(handled_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
         )
     try:
         wait_for(
-            lambda: n - channel_stats(nsqd.http_url, topic)["depth"] >= n // 10,
+            lambda: n - channel_stats(nsqd.http_url, nsq_topic)["depth"] >= n // 10,
             "the subprocess under load",
             timeout=30.0,
         )
@@ -553,7 +553,7 @@ def test_sigterm_under_load_drains_and_exits_zero(
     handled = set(lines)
 
     def settled() -> dict[str, Any] | None:
-        stats = channel_stats(nsqd.http_url, topic)
+        stats = channel_stats(nsqd.http_url, nsq_topic)
         return stats if stats["in_flight_count"] == 0 and stats["client_count"] == 0 else None
 
     stats = wait_for(settled, "0 in flight and no client at nsqd", timeout=5.0)
@@ -584,7 +584,7 @@ def test_sigterm_under_load_drains_and_exits_zero(
 @pytest.mark.parametrize("death", ["sigterm", "sigkill"])
 def test_producer_failover_while_nsqd_dies(
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     consumers: Consumers,
     record_property: Any,
     death: str,
@@ -619,7 +619,7 @@ def test_producer_failover_while_nsqd_dies(
                 i += 1
                 t0 = time.monotonic()
                 try:
-                    producer.publish(topic, body)
+                    producer.publish(nsq_topic, body)
                 except NSQError as exc:
                     outcome: Any = exc
                 else:
@@ -660,10 +660,10 @@ def test_producer_failover_while_nsqd_dies(
     depths = 0
     for nsqd in (first, second):
         with NsqdHTTPClient(nsqd.http_url) as client:
-            stats = client.topic_stats(topic)
+            stats = client.topic_stats(nsq_topic)
         depths += 0 if stats is None else int(stats["depth"])
     consumer = consumers(
-        topic,
+        nsq_topic,
         CHANNEL,
         held,
         nsqd_tcp_addresses=[first.tcp_address, second.tcp_address],
@@ -673,7 +673,7 @@ def test_producer_failover_while_nsqd_dies(
     consumer.start()
     wait_for(lambda: held.handled >= depths, f"the {depths} messages the nsqds hold", 60.0)
     for nsqd in (first, second):
-        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, topic), "channels empty")
+        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "channels empty")
     missing = [b for b in succeeded if b not in held.counts]
     assert held.handled >= depths
     dup_held = held.duplicates()

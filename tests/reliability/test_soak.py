@@ -62,7 +62,7 @@ def _ready(nsqd: NsqdProcess, topic: str) -> int | None:
 def test_nsqds_join_and_leave_while_messages_flow(
     nsq_cluster: Any,
     nsqd_factory: Callable[..., NsqdProcess],
-    topic: str,
+    nsq_topic: str,
     record_property: Any,
 ) -> None:
     """nsqd flags: --msg-timeout=5s on every nsqd; nsqlookupd flags: none."""
@@ -72,8 +72,8 @@ def test_nsqds_join_and_leave_while_messages_flow(
     nsqds: list[NsqdProcess] = list(cluster.nsqds)
     for nsqd in nsqds:
         with NsqdHTTPClient(nsqd.http_url) as client:
-            client.create_topic(topic)
-            client.create_channel(topic, CHANNEL)
+            client.create_topic(nsq_topic)
+            client.create_channel(nsq_topic, CHANNEL)
     nsqds_lock = threading.Lock()
 
     # Baselines, once the servers run and the HTTP machinery has been used once.
@@ -81,7 +81,7 @@ def test_nsqds_join_and_leave_while_messages_flow(
 
     tally = Tally()
     consumer = Consumer(
-        topic,
+        nsq_topic,
         CHANNEL,
         tally,
         lookupd_http_addresses=cluster.lookupd_http_addresses,
@@ -124,7 +124,7 @@ def test_nsqds_join_and_leave_while_messages_flow(
                 batch = make_bodies(10, f"s{seq}")
                 seq += 1
                 try:
-                    producer.multi_publish(topic, batch)
+                    producer.multi_publish(nsq_topic, batch)
                 except NSQError:
                     failed.extend(batch)  # outcome unknown: the nsqd went away
                 else:
@@ -171,7 +171,7 @@ def test_nsqds_join_and_leave_while_messages_flow(
         def sweep() -> dict[str, int]:
             found = {}
             for nsqd in running():
-                ready = _ready(nsqd, topic)
+                ready = _ready(nsqd, nsq_topic)
                 if ready is not None:
                     found[nsqd.tcp_address] = ready
             return found
@@ -214,7 +214,7 @@ def test_nsqds_join_and_leave_while_messages_flow(
         nsqd.restart()
     wait_for(lambda: tally.covers(succeeded), f"all {len(succeeded)} acknowledged messages", 90.0)
     for nsqd in nsqds:
-        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, topic), "every channel empty")
+        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "every channel empty")
     assert consumer.stop(timeout=10.0) is True
     tasks_after, fds_after = settle_leaks(tasks_before, fds_before)
 

@@ -25,17 +25,17 @@ def _writer(df: Any, tcp_address: str, topic: str | None = None, **options: Any)
     return writer
 
 
-def test_100k_rows_arrive_complete(spark: Any, nsqd: Any, topic: str) -> None:
+def test_100k_rows_arrive_complete(spark: Any, nsqd: Any, nsq_topic: str) -> None:
     df = spark.range(0, 100_000, numPartitions=4).selectExpr("cast(id as string) as body")
-    _writer(df, nsqd.tcp_address, topic).save()
-    stats = topic_stats(nsqd.http_address, topic)
+    _writer(df, nsqd.tcp_address, nsq_topic).save()
+    stats = topic_stats(nsqd.http_address, nsq_topic)
     # Counted by nsqd: every row once (a clean run publishes no duplicate).
     assert stats["message_count"] == 100_000
     assert stats["depth"] == 100_000
 
 
-def test_topic_column_routes_each_row(spark: Any, nsqd: Any, topic: str) -> None:
-    a, b, fallback = f"{topic[:50]}_a", f"{topic[:50]}_b", f"{topic[:50]}_d"
+def test_topic_column_routes_each_row(spark: Any, nsqd: Any, nsq_topic: str) -> None:
+    a, b, fallback = f"{nsq_topic[:50]}_a", f"{nsq_topic[:50]}_b", f"{nsq_topic[:50]}_d"
     rows = [(f"a{i}".encode(), a) for i in range(30)]
     rows += [(f"b{i}".encode(), b) for i in range(20)]
     rows += [(f"d{i}".encode(), None) for i in range(10)]  # null topic: the topic option
@@ -51,28 +51,28 @@ def test_topic_column_routes_each_row(spark: Any, nsqd: Any, topic: str) -> None
         assert set(seen.values()) == {1}
 
 
-def test_string_bodies_are_published_as_utf8(spark: Any, nsqd: Any, topic: str) -> None:
+def test_string_bodies_are_published_as_utf8(spark: Any, nsqd: Any, nsq_topic: str) -> None:
     with NsqdHTTPClient(nsqd.http_address) as client:
-        client.create_topic(topic)
-        client.create_channel(topic, "check")
+        client.create_topic(nsq_topic)
+        client.create_channel(nsq_topic, "check")
     df = spark.createDataFrame([("héllo",), ("wörld",)], "body string")
-    _writer(df, nsqd.tcp_address, topic).save()
-    assert set(drain(nsqd.tcp_address, topic, "check", 2)) == {
+    _writer(df, nsqd.tcp_address, nsq_topic).save()
+    assert set(drain(nsqd.tcp_address, nsq_topic, "check", 2)) == {
         "héllo".encode(),
         "wörld".encode(),
     }
 
 
 def test_an_nsqd_restart_mid_write_loses_nothing(
-    spark: Any, nsqd_factory: Any, topic: str, record_property: Any
+    spark: Any, nsqd_factory: Any, nsq_topic: str, record_property: Any
 ) -> None:
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(spark_slow)
     server = nsqd_factory()
     with NsqdHTTPClient(server.http_address) as client:
-        client.create_topic(topic)
-        client.create_channel(topic, "check")
+        client.create_topic(nsq_topic)
+        client.create_channel(nsq_topic, "check")
     n = 60_000
     df = (
         spark.range(0, n, numPartitions=2)
@@ -85,7 +85,7 @@ def test_an_nsqd_restart_mid_write_loses_nothing(
     def restart_when_half_way() -> None:
         try:
             wait_for(
-                lambda: channel(server.http_address, topic, "check").get("depth", 0) >= 5_000,
+                lambda: channel(server.http_address, nsq_topic, "check").get("depth", 0) >= 5_000,
                 "the write to start",
                 timeout=240,
                 interval=0.05,
@@ -98,10 +98,10 @@ def test_an_nsqd_restart_mid_write_loses_nothing(
     thread = threading.Thread(target=restart_when_half_way)
     thread.start()
     context = spark.sparkContext
-    group = f"restart-{topic}"
+    group = f"restart-{nsq_topic}"
     context.setJobGroup(group, "nsqd restart mid-write")
     try:
-        _writer(df, server.tcp_address, topic, batch_size=500).save()
+        _writer(df, server.tcp_address, nsq_topic, batch_size=500).save()
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
         thread.join(240)
@@ -116,9 +116,9 @@ def test_an_nsqd_restart_mid_write_loses_nothing(
     ]
     assert stages
     assert [s.numFailedTasks for s in stages if s is not None] == [0] * len(stages)
-    depth = channel(server.http_address, topic, "check")["depth"]
+    depth = channel(server.http_address, nsq_topic, "check")["depth"]
     assert depth >= n
-    seen = drain(server.tcp_address, topic, "check", depth)
+    seen = drain(server.tcp_address, nsq_topic, "check", depth)
     missing = n - len(seen)
     duplicates = sum(seen.values()) - len(seen)
     record_property("spark_restart_duplicates", duplicates)
@@ -126,13 +126,13 @@ def test_an_nsqd_restart_mid_write_loses_nothing(
     assert set(seen) == {str(i).encode() for i in range(n)}
 
 
-def test_an_unreachable_nsqd_fails_the_write_naming_it(spark: Any, topic: str) -> None:
+def test_an_unreachable_nsqd_fails_the_write_naming_it(spark: Any, nsq_topic: str) -> None:
     from support.nsq import free_closed_port
 
     address = f"127.0.0.1:{free_closed_port()}"
     df = spark.createDataFrame([(b"x",)], "body binary")
     with pytest.raises(Exception, match=address.replace(".", r"\.")):
-        _writer(df, address, topic, publish_timeout="1s").save()
+        _writer(df, address, nsq_topic, publish_timeout="1s").save()
 
 
 @pytest.mark.parametrize(

@@ -60,21 +60,23 @@ def _parquet_bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
 
 
 def test_available_now_reads_a_preloaded_topic_into_parquet_once(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    bodies = preload(nsqd.tcp_address, topic, 2500)
+    bodies = preload(nsqd.tcp_address, nsq_topic, 2500)
     out = tmp_path / "out"
     in_flight_seen: list[tuple[int, int, int]] = []
 
     def sink(batch: Any, batch_id: int) -> None:
         rows = batch.count()
         # This batch is not committed yet: its messages must still be in flight at nsqd.
-        stats = channel(nsqd.http_address, topic, CHANNEL)
+        stats = channel(nsqd.http_address, nsq_topic, CHANNEL)
         in_flight_seen.append((batch_id, rows, stats["in_flight_count"]))
         batch.write.mode("append").parquet(str(out))
 
     query = _run(
-        _stream(spark, nsqd, topic, max_messages_per_batch=1000), sink, str(tmp_path / "checkpoint")
+        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=1000),
+        sink,
+        str(tmp_path / "checkpoint"),
     )
     assert query.awaitTermination(240), "availableNow did not end"
     assert query.exception() is None
@@ -86,11 +88,11 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
     assert all(rows <= 1000 for _, rows, _ in data_batches)
     for batch_id, rows, in_flight in data_batches:
         assert in_flight >= rows, f"batch {batch_id}: {rows} rows but {in_flight} in flight"
-    final = _assert_drained(nsqd, topic)
+    final = _assert_drained(nsqd, nsq_topic)
     assert final["requeue_count"] == 0
     assert final["timeout_count"] == 0
     rows = spark.read.parquet(str(out)).collect()
-    assert {r.topic for r in rows} == {topic}
+    assert {r.topic for r in rows} == {nsq_topic}
     assert {r.channel for r in rows} == {CHANNEL}
     assert {r.nsqd_address for r in rows} == {nsqd.tcp_address}
     assert {r.attempts for r in rows} == {1}
@@ -98,21 +100,21 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
 
 
 def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    bodies = preload(nsqd.tcp_address, topic, 300)
+    bodies = preload(nsqd.tcp_address, nsq_topic, 300)
     checkpoint = str(tmp_path / "checkpoint")
 
     def failing(batch: Any, batch_id: int) -> None:
         if batch.count():
             raise RuntimeError("the sink is down")
 
-    first = _run(_stream(spark, nsqd, topic, max_messages_per_batch=100), failing, checkpoint)
+    first = _run(_stream(spark, nsqd, nsq_topic, max_messages_per_batch=100), failing, checkpoint)
     with pytest.raises(Exception, match="the sink is down"):
         first.awaitTermination(240)
     # Stopping the failed query requeued what its reader held: nothing waits for msg_timeout.
     wait_for(
-        lambda: channel(nsqd.http_address, topic, CHANNEL)["in_flight_count"] == 0,
+        lambda: channel(nsqd.http_address, nsq_topic, CHANNEL)["in_flight_count"] == 0,
         "the failed run's messages to be requeued",
         timeout=30,
     )
@@ -121,24 +123,24 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
     def collect(batch: Any, batch_id: int) -> None:
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
-    second = _run(_stream(spark, nsqd, topic, max_messages_per_batch=100), collect, checkpoint)
+    second = _run(_stream(spark, nsqd, nsq_topic, max_messages_per_batch=100), collect, checkpoint)
     assert second.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
     assert set(got.values()) == {1}
-    _assert_drained(nsqd, topic)
+    _assert_drained(nsqd, nsq_topic)
 
 
 def test_a_stopped_query_leaves_nothing_in_flight(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    bodies = preload(nsqd.tcp_address, topic, 1000)
+    bodies = preload(nsqd.tcp_address, nsq_topic, 1000)
     got: collections.Counter[bytes] = collections.Counter()
 
     def collect(batch: Any, batch_id: int) -> None:
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
     query = _run(
-        _stream(spark, nsqd, topic, max_messages_per_batch=100),
+        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=100),
         collect,
         str(tmp_path / "checkpoint"),
         processingTime="1 second",
@@ -150,22 +152,22 @@ def test_a_stopped_query_leaves_nothing_in_flight(
     stopped = time.monotonic()
     # msg_timeout is 60 s: everything held comes back long before that (REQ 0 on stop).
     wait_for(
-        lambda: channel(nsqd.http_address, topic, CHANNEL)["in_flight_count"] == 0,
+        lambda: channel(nsqd.http_address, nsq_topic, CHANNEL)["in_flight_count"] == 0,
         "nothing in flight after stop",
         timeout=30,
     )
     assert time.monotonic() - stopped < 30
-    assert channel(nsqd.http_address, topic, CHANNEL)["timeout_count"] == 0
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL)["timeout_count"] == 0
     # What the query did not commit is back in the channel; nothing is lost.
-    rest = channel(nsqd.http_address, topic, CHANNEL)["depth"]
-    remaining = drain(nsqd.tcp_address, topic, CHANNEL, rest) if rest else collections.Counter()
+    rest = channel(nsqd.http_address, nsq_topic, CHANNEL)["depth"]
+    remaining = drain(nsqd.tcp_address, nsq_topic, CHANNEL, rest) if rest else collections.Counter()
     assert set(got) | set(remaining) == set(bodies)
 
 
 def test_held_messages_are_touched_past_msg_timeout(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    bodies = preload(nsqd.tcp_address, topic, 200)
+    bodies = preload(nsqd.tcp_address, nsq_topic, 200)
     got: collections.Counter[bytes] = collections.Counter()
 
     def slow(batch: Any, batch_id: int) -> None:
@@ -175,13 +177,13 @@ def test_held_messages_are_touched_past_msg_timeout(
         got.update(bytes(r.body) for r in rows)
 
     query = _run(
-        _stream(spark, nsqd, topic, max_messages_per_batch=100, msg_timeout="1.5s"),
+        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=100, msg_timeout="1.5s"),
         slow,
         str(tmp_path / "checkpoint"),
     )
     assert query.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
-    stats = channel(nsqd.http_address, topic, CHANNEL)
+    stats = channel(nsqd.http_address, nsq_topic, CHANNEL)
     assert stats["timeout_count"] == 0
     assert set(got.values()) == {1}
 
@@ -197,10 +199,10 @@ def test_held_messages_are_touched_past_msg_timeout(
     ],
 )
 def test_bad_source_options_fail_when_the_query_starts(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path, options: dict[str, Any], named: str
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path, options: dict[str, Any], named: str
 ) -> None:
     reader = spark.readStream.format("nsq")
-    base = {"nsqd_tcp_addresses": nsqd.tcp_address, "topic": topic, "channel": CHANNEL}
+    base = {"nsqd_tcp_addresses": nsqd.tcp_address, "topic": nsq_topic, "channel": CHANNEL}
     base.update(options)
     for key, value in base.items():
         if value is not None:
@@ -219,15 +221,15 @@ def test_bad_source_options_fail_when_the_query_starts(
 
 
 def test_nsq_to_nsq_through_the_streaming_sink(
-    spark: Any, nsqd: Any, topic: str, tmp_path: Path
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    bodies = preload(nsqd.tcp_address, topic, 1500)
-    target = f"{topic[:55]}_out"
+    bodies = preload(nsqd.tcp_address, nsq_topic, 1500)
+    target = f"{nsq_topic[:55]}_out"
     with NsqdHTTPClient(nsqd.http_address) as client:
         client.create_topic(target)
         client.create_channel(target, "check")
     query = (
-        _stream(spark, nsqd, topic, max_messages_per_batch=500)
+        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=500)
         .select("body")
         .writeStream.format("nsq")
         .option("nsqd_tcp_addresses", nsqd.tcp_address)
@@ -242,4 +244,4 @@ def test_nsq_to_nsq_through_the_streaming_sink(
     seen = drain(nsqd.tcp_address, target, "check", 1500)
     assert sorted(seen) == sorted(bodies)
     assert set(seen.values()) == {1}
-    _assert_drained(nsqd, topic)
+    _assert_drained(nsqd, nsq_topic)

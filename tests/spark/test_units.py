@@ -118,13 +118,13 @@ def test_sink_defaults_and_errors() -> None:
         sink_options({"topic": "t"})
 
 
-def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, topic: str) -> None:
+def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, nsq_topic: str) -> None:
     from support.nsq import message_count
 
     opts = sink_options(
         {
             "nsqd_tcp_addresses": nsqd.tcp_address,
-            "topic": topic,
+            "topic": nsq_topic,
             "batch_size": "100",
             "max_body_size": "1000",
             "max_msg_size": "200",
@@ -138,17 +138,17 @@ def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, topic: str)
         publisher.add_many(["y"] * 150, [None] * 150)  # str bodies, default topic; 100 per MPUB
         publisher.flush()
         with pytest.raises(InvalidBody, match="row 175 of partition 3.*max_msg_size 200"):
-            publisher.add(b"z" * 201, topic)
+            publisher.add(b"z" * 201, nsq_topic)
     finally:
         publisher.close()
     result = publisher.result
     assert result.messages == 175
     assert result.mpubs == 3 + 2  # 25 big ones: 9 + 9 + 7; then 150 small: 100 + 50
-    assert message_count(nsqd.http_address, topic) == 175
+    assert message_count(nsqd.http_address, nsq_topic) == 175
     total = summarize([result, None])
     assert total["messages"] == 175
     assert total["failed_partitions"] == 1
-    assert total["topics"] == {topic: 175}
+    assert total["topics"] == {nsq_topic: 175}
     assert cloudpickle.loads(cloudpickle.dumps(result)) == result
     assert isinstance(result, NsqCommitMessage)
 

@@ -1,48 +1,37 @@
 """Run real ``nsqd`` and ``nsqlookupd`` processes on free loopback ports.
 
-The helpers here are what this project's integration tests (and its users' tests) run against: a
-real server, never a fake one. A few choices explain most of the code:
-
-- Ports are chosen by the kernel (``127.0.0.1:0``) so that parallel test runs and leftover
-  servers never collide. The ports actually bound are read back from the server's own log lines
-  (``TCP: listening on 127.0.0.1:NNNN``), which nsqd and nsqlookupd v1.3.0 print at INFO level.
-- Output goes to a log file, not a pipe: nobody reads a pipe while a test runs, and a full pipe
-  buffer would block the server mid-test. The file also survives for post-mortems.
-- Readiness is ``GET /ping`` answering ``OK``, polled against a deadline; every wait in this module
-  is bounded and failures carry the tail of the server's log.
-- ``restart()`` reuses the same ports and data directory, so clients can test reconnects and
-  nsqd's on-disk persistence.
-
-Only the standard library and ``requests`` are used, and nothing else from ``nsq_sync``, so the
-harness keeps working while the library under test is broken.
+:class:`NsqdProcess`, :class:`NsqlookupdProcess` and :class:`Cluster` live here; their common
+base (launching, readiness, logs, stopping) is :class:`NsqProcess`, and :func:`find_nsq_binary`
+finds the executables. Only the standard library and ``requests`` are used, and nothing else
+from ``nsq_sync``, so the harness keeps working while the library under test is broken.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import os
 import random
-import re
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import requests
 
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from nsq_sync.testing._base import (
+    _HOST,
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_STOP_TIMEOUT,
+    NsqProcess,
+    NsqProcessError,
+    StrPath,
+    stop_all_running,
+)
+from nsq_sync.testing._binaries import NsqBinaryNotFound, find_nsq_binary
 
 __all__ = [
+    "DEFAULT_START_TIMEOUT",
+    "DEFAULT_STOP_TIMEOUT",
     "Cluster",
     "NsqBinaryNotFound",
     "NsqProcess",
@@ -53,530 +42,28 @@ __all__ = [
     "stop_all_running",
 ]
 
-StrPath = Union[str, "os.PathLike[str]"]
-
-#: How long ``start()`` and ``restart()`` wait for a server to answer ``/ping`` by default.
-DEFAULT_START_TIMEOUT = 15.0
-#: How long ``stop()`` waits after SIGTERM before it sends SIGKILL, by default.
-DEFAULT_STOP_TIMEOUT = 10.0
-
-_HOST = "127.0.0.1"
-_LISTEN_RE = re.compile(r"\b(TCP|HTTP|HTTPS): listening on (\S+)")
-_ADDR_IN_USE = "address already in use"
 _TLS_FLAGS = ("tls-cert", "tls-key", "tls-root-ca-file")
-_KILL_WAIT = 10.0  # a SIGKILLed process is reaped well within this
 
 # nsqd derives its default --node-id (the prefix of every message ID it makes) from the hostname,
 # so nsqds on one machine would share it and could hand out equal message IDs; give each its own.
 _node_ids = itertools.count(random.randrange(1024))
 
-_NSQ_BIN_ENV = "NSQ_BIN"
-_LOCAL_BIN = Path(".nsq") / "bin"
 
-
-class NsqBinaryNotFound(FileNotFoundError):
-    """An ``nsqd`` or ``nsqlookupd`` executable could not be found.
-
-    Run ``scripts/build-nsq`` (it builds v1.3.0 into ``.nsq/bin``) or set ``NSQ_BIN`` to a folder
-    that holds both executables.
-    """
-
-
-class NsqProcessError(RuntimeError):
-    """A server process failed to start, to become ready, or to stop.
-
-    The message includes the tail of the server's log when there is one.
-    """
-
-
-def find_nsq_binary(name: str) -> str:
-    """Locate an NSQ executable such as ``nsqd`` or ``nsqlookupd``.
-
-    Looks, in order, in the folder named by the ``NSQ_BIN`` environment variable, in the nearest
-    ``.nsq/bin`` folder above the current directory (where ``scripts/build-nsq`` puts them), in the
-    nearest ``.nsq/bin`` above this package (an editable install), and on ``PATH``.
-
-    Args:
-        name: Executable name, e.g. ``"nsqd"``.
-
-    Returns:
-        The absolute path of an executable file.
+def close_all(processes: Iterable[NsqProcess]) -> None:
+    """Close every process, even when closing one of them fails.
 
     Raises:
-        NsqBinaryNotFound: None of the places holds an executable of that name.
+        NsqProcessError: Some process could not be stopped (the first such error; the others
+            are still closed).
     """
-    searched: list[str] = []
-    env_dir = os.environ.get(_NSQ_BIN_ENV)
-    candidates: list[Path] = []
-    if env_dir:
-        candidates.append(Path(env_dir) / name)
-        searched.append(f"${_NSQ_BIN_ENV} ({env_dir})")
-    for start in (Path.cwd(), Path(__file__).resolve().parent):
-        for folder in (start, *start.parents):
-            candidates.append(folder / _LOCAL_BIN / name)
-        searched.append(f".nsq/bin above {start}")
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate.resolve())
-    on_path = shutil.which(name)
-    if on_path:
-        return os.path.abspath(on_path)
-    searched.append("PATH")
-    raise NsqBinaryNotFound(
-        f"{name} executable not found (looked in {', '.join(searched)}). "
-        "Run scripts/build-nsq to build nsqd and nsqlookupd v1.3.0 into .nsq/bin, "
-        f"or set {_NSQ_BIN_ENV} to a folder that holds them."
-    )
-
-
-# Every process object ever started, so that the pytest plugin can find the ones a test used and
-# so that servers still running when the interpreter exits are not left behind.
-_registry_lock = threading.Lock()
-_all_processes: weakref.WeakSet[NsqProcess] = weakref.WeakSet()
-_running: set[NsqProcess] = set()
-_start_counter = itertools.count(1)
-_atexit_registered = False
-
-
-def _register_start(proc: NsqProcess) -> int:
-    global _atexit_registered
-    with _registry_lock:
-        _all_processes.add(proc)
-        _running.add(proc)
-        if not _atexit_registered:
-            atexit.register(_stop_all_at_exit)
-            _atexit_registered = True
-        return next(_start_counter)
-
-
-def _register_stop(proc: NsqProcess) -> None:
-    with _registry_lock:
-        _running.discard(proc)
-
-
-def _current_start_serial() -> int:
-    """Return a number smaller than the serial of every process started after this call."""
-    with _registry_lock:
-        # itertools.count cannot be peeked; consuming one value keeps the ordering intact.
-        return next(_start_counter)
-
-
-def _known_processes() -> list[NsqProcess]:
-    with _registry_lock:
-        return sorted(_all_processes, key=lambda p: p._start_serial)
-
-
-def stop_all_running(timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-    """Stop every server started through this module that is still running.
-
-    Args:
-        timeout: Seconds each process gets after SIGTERM before it is killed.
-    """
-    with _registry_lock:
-        procs = list(_running)
-    for proc in procs:
+    errors: list[NsqProcessError] = []
+    for proc in processes:
         try:
-            proc.stop(timeout=timeout)
-        except NsqProcessError:
-            pass
-
-
-def _stop_all_at_exit() -> None:
-    stop_all_running(timeout=2.0)
-
-
-def _port_of(address: str) -> int:
-    return int(address.rsplit(":", 1)[1])
-
-
-class NsqProcess:
-    """Base class for a server process that listens on TCP and HTTP loopback ports.
-
-    Subclasses provide the executable name and its command-line flags. Instances are not
-    thread-safe: start, stop and restart a process from one thread at a time.
-
-    Args:
-        extra_args: Further command-line flags, appended last so that they override the
-            defaults (Go's flag package keeps the last value). Don't raise ``--log-level`` above
-            ``info``: the listening ports are read from INFO log lines.
-        binary: Path of the executable; found with :func:`find_nsq_binary` when omitted.
-        work_dir: Folder for the log file (and, for nsqd, the default data path). A temporary
-            folder is created when omitted, and removed by :meth:`close`.
-    """
-
-    #: Executable name, also used in log file names and messages.
-    name: ClassVar[str] = "nsq"
-
-    def __init__(
-        self,
-        *,
-        extra_args: Sequence[str] = (),
-        binary: StrPath | None = None,
-        work_dir: StrPath | None = None,
-    ) -> None:
-        if isinstance(extra_args, str):
-            raise TypeError("extra_args must be a sequence of strings, not a string")
-        self._extra_args = tuple(extra_args)
-        self._binary = os.fspath(binary) if binary is not None else None
-        if work_dir is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix=f"nsq_sync-{self.name}-"))
-            self._owns_work_dir = True
-        else:
-            self._work_dir = Path(work_dir)
-            self._work_dir.mkdir(parents=True, exist_ok=True)
-            self._owns_work_dir = False
-        self._log_path = self._work_dir / f"{self.name}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._addresses: dict[str, str] = {}
-        self._start_serial = 0
-        self._closed = False
-        self._final_log: str | None = None
-        self._last_command = ""
-        self._log_offset = 0
-
-    # -- subclass hooks -------------------------------------------------------------------------
-
-    def _command(self, ports: dict[str, int]) -> list[str]:
-        """Return the full command line; ``ports`` maps TCP/HTTP/HTTPS to a port (0 = any)."""
-        raise NotImplementedError
-
-    def _expected_listeners(self) -> tuple[str, ...]:
-        return ("TCP", "HTTP")
-
-    # -- properties -----------------------------------------------------------------------------
-
-    @property
-    def binary(self) -> str:
-        """Path of the executable (looked up on first use).
-
-        Raises:
-            NsqBinaryNotFound: No executable was given and none can be found.
-        """
-        if self._binary is None:
-            self._binary = find_nsq_binary(self.name)
-        return self._binary
-
-    @property
-    def extra_args(self) -> tuple[str, ...]:
-        """The extra command-line flags given at construction."""
-        return self._extra_args
-
-    @property
-    def work_dir(self) -> Path:
-        """Folder that holds the log file."""
-        return self._work_dir
-
-    @property
-    def log_path(self) -> Path:
-        """Path of the log file; every start appends to it."""
-        return self._log_path
-
-    @property
-    def tcp_address(self) -> str:
-        """``"127.0.0.1:port"`` of the TCP listener (kept after a stop, for restarts).
-
-        Raises:
-            NsqProcessError: The process was never started.
-        """
-        return self._address("TCP")
-
-    @property
-    def http_address(self) -> str:
-        """``"127.0.0.1:port"`` of the HTTP listener.
-
-        Raises:
-            NsqProcessError: The process was never started.
-        """
-        return self._address("HTTP")
-
-    @property
-    def http_url(self) -> str:
-        """``"http://127.0.0.1:port"``, the base URL of the HTTP API.
-
-        Raises:
-            NsqProcessError: The process was never started.
-        """
-        return f"http://{self.http_address}"
-
-    @property
-    def tcp_port(self) -> int:
-        """Port of the TCP listener.
-
-        Raises:
-            NsqProcessError: The process was never started.
-        """
-        return _port_of(self.tcp_address)
-
-    @property
-    def http_port(self) -> int:
-        """Port of the HTTP listener.
-
-        Raises:
-            NsqProcessError: The process was never started.
-        """
-        return _port_of(self.http_address)
-
-    @property
-    def pid(self) -> int | None:
-        """Process id of the current (or last) run; ``None`` before the first start."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit status of the last run; ``None`` while running or before the first start."""
-        return self._proc.poll() if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        """Whether the process has been started and has not exited."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def _address(self, kind: str) -> str:
-        try:
-            return self._addresses[kind]
-        except KeyError:
-            raise NsqProcessError(
-                f"{self.name}: no {kind} address yet; call start() first"
-            ) from None
-
-    # -- logs -----------------------------------------------------------------------------------
-
-    def log_text(self) -> str:
-        """Return the whole log of every run so far (undecodable bytes are replaced)."""
-        try:
-            return self._log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return self._final_log or ""
-
-    def log_tail(self, lines: int = 100) -> str:
-        """Return the last ``lines`` lines of the log.
-
-        Args:
-            lines: How many lines to return at most.
-        """
-        return "\n".join(self.log_text().splitlines()[-lines:])
-
-    def _read_log_from(self, offset: int) -> str:
-        try:
-            with open(self._log_path, "rb") as fh:
-                fh.seek(offset)
-                return fh.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def _describe_failure(self, what: str) -> str:
-        tail = self.log_tail(40) or "(empty log)"
-        return f"{self.name} {what}\ncommand: {self._last_command}\nlog {self._log_path} (tail):\n{tail}"
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> Self:
-        """Launch the server on free loopback ports and wait until ``/ping`` answers ``OK``.
-
-        Args:
-            timeout: Seconds to wait for the server to become ready.
-
-        Returns:
-            This object, for chaining.
-
-        Raises:
-            NsqBinaryNotFound: The executable cannot be found.
-            NsqProcessError: The process is already running, exited early, or did not become
-                ready in time (it is killed then).
-        """
-        self._launch_and_wait({"TCP": 0, "HTTP": 0, "HTTPS": 0}, timeout, retry_in_use=False)
-        return self
-
-    def restart(self, timeout: float = DEFAULT_START_TIMEOUT) -> Self:
-        """Stop the server (gracefully) and start it again on the same ports and data.
-
-        A port that is briefly still in use is retried until ``timeout``.
-
-        Args:
-            timeout: Seconds to wait for the server to stop and to become ready again.
-
-        Returns:
-            This object, for chaining.
-
-        Raises:
-            NsqProcessError: The process was never started, or did not come back in time.
-        """
-        if not self._addresses:
-            raise NsqProcessError(f"{self.name}: restart() before start()")
-        deadline = time.monotonic() + timeout
-        self.stop(timeout=min(DEFAULT_STOP_TIMEOUT, timeout))
-        ports = {kind: _port_of(addr) for kind, addr in self._addresses.items()}
-        remaining = max(deadline - time.monotonic(), 1.0)
-        self._launch_and_wait(ports, remaining, retry_in_use=True)
-        return self
-
-    def _launch_and_wait(
-        self, ports: dict[str, int], timeout: float, *, retry_in_use: bool
-    ) -> None:
-        if self._closed:
-            raise NsqProcessError(f"{self.name}: start() after close()")
-        if self.is_running:
-            raise NsqProcessError(f"{self.name}: already running (pid {self.pid})")
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            try:
-                self._launch(ports)
-                self._wait_ready(deadline)
-                return
-            except _AddressInUse:
-                if not retry_in_use or time.monotonic() + delay >= deadline:
-                    raise NsqProcessError(
-                        self._describe_failure("could not bind its ports")
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-    def _launch(self, ports: dict[str, int]) -> None:
-        command = self._command(ports)
-        self._last_command = " ".join(command)
-        self._work_dir.mkdir(parents=True, exist_ok=True)
-        with open(self._log_path, "ab") as log:
-            self._log_offset = log.tell()
-            # The child gets its own copy of the descriptor; ours is closed right away.
-            self._proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self._work_dir,
-                close_fds=True,
-            )
-        self._start_serial = _register_start(self)
-
-    def _wait_ready(self, deadline: float) -> None:
-        proc = self._proc
-        assert proc is not None
-        expected = self._expected_listeners()
-        found: dict[str, str] = {}
-        delay = 0.01
-        with requests.Session() as http:
-            http.trust_env = False  # never route loopback requests through a proxy
-            while True:
-                code = proc.poll()
-                if code is not None:
-                    text = self._read_log_from(self._log_offset)
-                    self._reap()
-                    if _ADDR_IN_USE in text:
-                        raise _AddressInUse()
-                    raise NsqProcessError(
-                        self._describe_failure(f"exited with status {code} before it was ready")
-                    )
-                if len(found) < len(expected):
-                    for kind, address in _LISTEN_RE.findall(self._read_log_from(self._log_offset)):
-                        if kind in expected:
-                            found[kind] = address
-                if len(found) == len(expected) and self._ping(http, found["HTTP"], deadline):
-                    self._addresses = found
-                    return
-                now = time.monotonic()
-                if now >= deadline:
-                    self.kill()
-                    what = "did not answer /ping in time"
-                    if len(found) < len(expected):
-                        what = (
-                            f"did not log 'listening on' for {sorted(set(expected) - set(found))} "
-                            "in time (is --log-level above info?)"
-                        )
-                    raise NsqProcessError(self._describe_failure(what))
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.1)
-
-    @staticmethod
-    def _ping(http: requests.Session, address: str, deadline: float) -> bool:
-        timeout = max(min(1.0, deadline - time.monotonic()), 0.05)
-        try:
-            response = http.get(f"http://{address}/ping", timeout=timeout)
-        except requests.RequestException:
-            return False
-        return response.status_code == 200 and response.text.strip() == "OK"
-
-    def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-        """Stop the server gracefully: SIGTERM, then SIGKILL after ``timeout``. Idempotent.
-
-        nsqd writes in-memory messages to its data path on SIGTERM, so a later :meth:`restart`
-        finds them again.
-
-        Args:
-            timeout: Seconds to wait after SIGTERM.
-
-        Raises:
-            NsqProcessError: The process did not die even after SIGKILL.
-        """
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self._reap()
-
-    def kill(self) -> None:
-        """Kill the server at once with SIGKILL (nothing is flushed). Idempotent.
-
-        Raises:
-            NsqProcessError: The process did not die.
-        """
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-        self._reap()
-
-    def _reap(self) -> None:
-        proc = self._proc
-        assert proc is not None
-        try:
-            proc.wait(timeout=_KILL_WAIT)
-        except subprocess.TimeoutExpired:
-            raise NsqProcessError(
-                f"{self.name} (pid {proc.pid}) did not exit after SIGKILL"
-            ) from None
-        _register_stop(self)
-
-    def close(self) -> None:
-        """Stop the server and remove the temporary work folder if this object created it.
-
-        The log text is kept in memory so that :meth:`log_text` still works. Idempotent.
-        """
-        try:
-            self.stop()
-        finally:
-            if self._owns_work_dir and not self._closed:
-                self._final_log = self.log_text()
-                shutil.rmtree(self._work_dir, ignore_errors=True)
-            self._closed = True
-
-    def __enter__(self) -> Self:
-        if not self.is_running:
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "running" if self.is_running else "stopped"
-        addresses = " ".join(f"{k.lower()}={v}" for k, v in self._addresses.items())
-        return f"<{type(self).__name__} pid={self.pid} {addresses} {state}>"
-
-
-class _AddressInUse(Exception):
-    pass
+            proc.close()
+        except NsqProcessError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def _has_flag(args: Iterable[str], flag: str) -> bool:
@@ -772,12 +259,9 @@ class Cluster:
         yield from self.nsqds
 
     def close(self) -> None:
-        """Stop every process (nsqds first), removing temporary folders they created."""
-        errors: list[NsqProcessError] = []
-        for proc in (*self.nsqds, self.lookupd):
-            try:
-                proc.close()
-            except NsqProcessError as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        """Stop every process (nsqds first), removing temporary folders they created.
+
+        Raises:
+            NsqProcessError: Some process could not be stopped (the others still are).
+        """
+        close_all((*self.nsqds, self.lookupd))

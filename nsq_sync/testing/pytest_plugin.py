@@ -30,10 +30,14 @@ import re
 import uuid
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+from nsq_sync.testing._base import _current_start_serial, _known_processes
 from nsq_sync.testing.process import (
     Cluster,
     NsqBinaryNotFound,
@@ -41,8 +45,7 @@ from nsq_sync.testing.process import (
     NsqlookupdProcess,
     NsqProcess,
     NsqProcessError,
-    _current_start_serial,
-    _known_processes,
+    close_all,
     find_nsq_binary,
     stop_all_running,
 )
@@ -59,12 +62,6 @@ __all__ = [
     "nsqlookupd",
 ]
 
-_MARKERS = (
-    "integration: needs real nsqd/nsqlookupd binaries (scripts/build-nsq or NSQ_BIN)",
-    "gevent: exercises the gevent runtime",
-    "slow: takes more than a few seconds",
-    "spark: needs pyspark",
-)
 _LOG_TAIL_LINES = 100
 _TOPIC_MAX = 64
 _INVALID_NAME_CHARS = re.compile(r"[^.a-zA-Z0-9_-]")
@@ -86,12 +83,6 @@ class NsqBinaries:
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Register this project's markers so that ``--strict-markers`` accepts them."""
-    for marker in _MARKERS:
-        config.addinivalue_line("markers", marker)
 
 
 @pytest.fixture(scope="session")
@@ -140,18 +131,31 @@ def nsqd(
         proc.close()
 
 
-def _close_all(processes: Iterable[NsqProcess]) -> None:
-    errors: list[NsqProcessError] = []
-    for proc in processes:
-        try:
-            proc.close()
-        except NsqProcessError as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+class _Factory:
+    """What both factories share: the processes they started, stopped together at the end."""
+
+    def __init__(self, binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._binaries = binaries
+        self._tmp = tmp_path_factory
+        #: Every process this factory created, in creation order.
+        self.processes: list[NsqProcess] = []
+
+    def close(self) -> None:
+        """Stop every process this factory started, latest first.
+
+        Raises:
+            NsqProcessError: Some process could not be stopped (the others still are).
+        """
+        close_all(reversed(self.processes))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
-class NsqdFactory:
+class NsqdFactory(_Factory):
     """Starts fresh nsqds for one test; the ``nsqd_factory`` fixture returns one.
 
     Every nsqd it started is stopped when the test ends. Not thread-safe.
@@ -160,12 +164,6 @@ class NsqdFactory:
         binaries: The executables to run.
         tmp_path_factory: Where each nsqd gets its work folder (kept by pytest for post-mortems).
     """
-
-    def __init__(self, binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory) -> None:
-        self._binaries = binaries
-        self._tmp = tmp_path_factory
-        #: Every process this factory created, in creation order.
-        self.processes: list[NsqProcess] = []
 
     def __call__(
         self, *extra_args: str, lookupd: NsqlookupdProcess | str | None = None
@@ -195,16 +193,8 @@ class NsqdFactory:
             lookupd.wait_for_nodes([proc])
         return proc
 
-    def close(self) -> None:
-        """Stop every nsqd this factory started.
 
-        Raises:
-            NsqProcessError: Some process could not be stopped (the others still are).
-        """
-        _close_all(reversed(self.processes))
-
-
-class ClusterFactory:
+class ClusterFactory(_Factory):
     """Starts fresh clusters for one test; the ``nsq_cluster`` fixture returns one.
 
     Every process it started is stopped when the test ends. Not thread-safe.
@@ -213,12 +203,6 @@ class ClusterFactory:
         binaries: The executables to run.
         tmp_path_factory: Where each process gets its work folder.
     """
-
-    def __init__(self, binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory) -> None:
-        self._binaries = binaries
-        self._tmp = tmp_path_factory
-        #: Every process this factory created, in creation order.
-        self.processes: list[NsqProcess] = []
 
     def __call__(
         self,
@@ -264,25 +248,14 @@ class ClusterFactory:
         lookupd.wait_for_nodes(nsqds)
         return Cluster(lookupd=lookupd, nsqds=tuple(nsqds))
 
-    def close(self) -> None:
-        """Stop every process this factory started, latest first.
-
-        Raises:
-            NsqProcessError: Some process could not be stopped (the others still are).
-        """
-        _close_all(reversed(self.processes))
-
 
 @pytest.fixture
 def nsqd_factory(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NsqdFactory]:
     """Start fresh nsqds: ``nsqd_factory(*extra_args, lookupd=None)``; stopped after the test."""
-    factory = NsqdFactory(nsq_bin, tmp_path_factory)
-    try:
+    with NsqdFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture
@@ -290,11 +263,8 @@ def nsq_cluster(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterFactory]:
     """Start a fresh lookupd and nsqds: ``nsq_cluster(n=2) -> Cluster``; stopped after the test."""
-    factory = ClusterFactory(nsq_bin, tmp_path_factory)
-    try:
+    with ClusterFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
-    finally:
-        factory.close()
 
 
 @pytest.fixture

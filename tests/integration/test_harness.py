@@ -164,3 +164,45 @@ def test_failure_report_includes_server_logs(
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"-+ nsqd 127\.0\.0\.1:\d+ log \(last 100 lines", result.stdout), result.stdout
     assert "TCP: listening on 127.0.0.1:" in result.stdout
+
+
+def _pytest_in(project: Path, pytestconfig: pytest.Config, *args: str) -> str:
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    if not pytestconfig.pluginmanager.has_plugin("nsq_sync"):  # not installed: no entry point
+        argv[3:3] = ["-p", "nsq_sync.testing.pytest_plugin"]
+    env = {k: v for k, v in os.environ.items() if k != "NSQ_SYNC_TEST_RUNTIME"}
+    result = subprocess.run(
+        argv, cwd=project, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_the_plugin_takes_only_nsq_names_in_a_users_project(
+    tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
+    """The entry point loads the plugin into every project that installs nsq_sync: its fixtures
+    are nsq-prefixed (a project's own ``topic`` fixture stays its own) and it registers none of
+    this project's generic markers (``slow``, ``integration``...)."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef topic():\n    return 'the project topic'\n"
+    )
+    (tmp_path / "test_user.py").write_text(
+        textwrap.dedent(
+            """
+            def test_both(topic, nsq_topic):
+                assert topic == "the project topic"
+                assert nsq_topic.startswith("t_test_both_")
+            """
+        )
+    )
+    assert "1 passed" in _pytest_in(tmp_path, pytestconfig, "-q")
+
+    listing = _pytest_in(tmp_path, pytestconfig, "--fixtures")
+    section = listing.split("fixtures defined from nsq_sync.testing.pytest_plugin", 1)[1]
+    section = section.split("fixtures defined from", 1)[0]
+    names = set(re.findall(r"^(\w+)(?: \[session scope\])? -- ", section, re.MULTILINE))
+    assert names == {"nsq_bin", "nsqd", "nsqlookupd", "nsqd_factory", "nsq_cluster", "nsq_topic"}
+
+    markers = _pytest_in(tmp_path, pytestconfig, "--markers")
+    assert not re.search(r"^@pytest\.mark\.(slow|integration|gevent|spark):", markers, re.M)

@@ -17,8 +17,6 @@ import pytest
 
 from nsq_sync.testing.spark_cluster import SparkClusterError, SparkStandaloneCluster, find_java
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}

@@ -11,7 +11,7 @@ import pytest
 
 from nsq_sync.testing.spark_cluster import spark_home
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline.py"
 

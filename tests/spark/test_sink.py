@@ -13,7 +13,7 @@ from support.nsq import wait_for
 
 from nsq_sync import NsqdHTTPClient
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def _writer(df: Any, tcp_address: str, topic: str | None = None, **options: Any) -> Any:

@@ -15,7 +15,7 @@ from support.nsq import wait_for
 
 from nsq_sync import NsqdHTTPClient
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 CHANNEL = "spark"
 

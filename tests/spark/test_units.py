@@ -18,8 +18,6 @@ from nsq_sync.spark._options import sink_options, source_options
 from nsq_sync.spark._sink import NsqCommitMessage, NsqWriter, PartitionPublisher, summarize
 from nsq_sync.spark._source import NsqStreamReader
 
-pytestmark = pytest.mark.spark
-
 SOURCE = {"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "t", "channel": "c"}
 
 

@@ -12,10 +12,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from nsq_sync import Consumer
 
 _RUNTIME_ENV = "NSQ_SYNC_TEST_RUNTIME"
+
+# Property tests (Hypothesis): every run tries a few examples per test, which keeps tests/unit
+# fast; NSQ_SYNC_HYPOTHESIS_PROFILE=thorough (set in the py311 tox envs) tries many more, so CI
+# still searches widely once per run. No deadline: the machine is shared and timing varies.
+# Tests that pin their own settings (the RDY state machine, the fuzz tests) keep them.
+_HYPOTHESIS_PROFILE_ENV = "NSQ_SYNC_HYPOTHESIS_PROFILE"
+_hypothesis_profile = os.environ.get(_HYPOTHESIS_PROFILE_ENV, "").strip() or "quick"
+settings.register_profile(
+    "quick", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", settings.get_profile("quick"), max_examples=300)
+settings.load_profile(_hypothesis_profile)
 
 # tests/spark needs pyspark (the `spark` extra, installed only in the py311-spark tox env, which
 # sets NSQ_SYNC_TEST_SPARK=1). Elsewhere the folder is not collected at all, rather than skipped
@@ -45,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"nsq_sync runtime: {_runtime()}"
+    return f"nsq_sync runtime: {_runtime()}; hypothesis profile: {_hypothesis_profile}"
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ ALLOWED_FIRST_PARTY = {"nsq_sync.errors", "nsq_sync.protocol"}
 #: optional backends a protocol module may import lazily, inside the function that needs them
 #: (STYLE.md: codecs.py imports snappy only when snappy is negotiated)
 LAZY_OPTIONAL = {"snappy", "cramjam"}
-FORBIDDEN_AT_IMPORT = ("gevent", "snappy", "pyspark", "django", "flask")
+FORBIDDEN_AT_IMPORT = ("gevent", "snappy", "pyspark", "django", "flask", "gunicorn")
 
 
 def _is_stdlib(top_level: str) -> bool:
@@ -136,7 +136,7 @@ def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
 _PROBE = f"""
 import json, sys, threading
 import nsq_sync
-import nsq_sync.config, nsq_sync.errors, nsq_sync.protocol
+import nsq_sync.config, nsq_sync.contrib, nsq_sync.errors, nsq_sync.protocol
 print(json.dumps({{
     "forbidden": [m for m in {FORBIDDEN_AT_IMPORT!r} if m in sys.modules],
     "threads": threading.active_count(),
@@ -169,18 +169,20 @@ def test_importing_the_package_is_side_effect_free() -> None:
     assert report["threads"] == 1, report["thread_names"]
 
 
-_SPARK_PROBE = """
-import sys
-sys.modules["pyspark"] = None  # as if the spark extra were not installed
-try:
-    import nsq_sync.spark
-except ImportError as exc:
-    print(exc)
-else:
-    print("imported")
-"""
+def import_without(monkeypatch: pytest.MonkeyPatch, module: str, missing: str) -> str:
+    """Import ``module`` afresh as if ``missing`` were not installed; return the ImportError.
+
+    ``sys.modules[name] = None`` makes ``import name`` raise ImportError; monkeypatch puts every
+    module back afterwards, so this runs in the test process (no interpreter to start).
+    """
+    monkeypatch.setitem(sys.modules, missing, None)
+    for name in list(sys.modules):
+        if name == module or name.startswith(module + "."):
+            monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(ImportError) as info:
+        importlib.import_module(module)
+    return str(info.value)
 
 
-def test_nsq_sync_spark_without_pyspark_names_the_extra() -> None:
-    result = _run_probe(_SPARK_PROBE)
-    assert "pip install nsq_sync[spark]" in result.stdout
+def test_nsq_sync_spark_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "pip install nsq_sync[spark]" in import_without(monkeypatch, "nsq_sync.spark", "pyspark")

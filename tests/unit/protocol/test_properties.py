@@ -1,5 +1,7 @@
 """Property tests: frames survive any chunking, garbage only ever raises ProtocolError, and the
 publish encoders' length prefixes always match their payloads.
+
+How many examples each test tries comes from the Hypothesis profile (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import re
 import struct
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from nsq_sync.errors import InvalidName, ProtocolError
@@ -28,8 +30,6 @@ from nsq_sync.protocol import (
 )
 
 from .test_decoder import APIS, read_all
-
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # --------------------------------------------------------------------------- frame strategies
 
@@ -70,7 +70,6 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 @pytest.mark.parametrize("api", APIS)
-@FAST
 @given(
     items=st.lists(frames(), min_size=1, max_size=8),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=20),
@@ -93,7 +92,6 @@ def test_frames_round_trip_through_any_chunking(
     assert decoder.next_event() is EOF
 
 
-@FAST
 @given(
     items=st.lists(frames(), min_size=1, max_size=5),
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=10),
@@ -117,7 +115,6 @@ def test_trailing_data_is_exactly_what_follows_the_decoded_frames(
     assert decoder.take_trailing_data() == tail
 
 
-@settings(max_examples=300, deadline=None)
 @given(
     data=st.binary(max_size=400),
     cuts=st.lists(st.integers(min_value=0, max_value=1000), max_size=20),
@@ -137,7 +134,6 @@ def test_garbage_only_ever_raises_protocol_errors(
         pass
 
 
-@FAST
 @given(data=st.binary(min_size=8, max_size=200))
 def test_garbage_with_a_plausible_header_only_raises_protocol_errors(data: bytes) -> None:
     # Force a small, valid-looking size so the garbage reaches frame-type and message parsing.
@@ -165,7 +161,6 @@ def _as_bytes(body: bytes | str) -> bytes:
     return body.encode("utf-8") if isinstance(body, str) else body
 
 
-@FAST
 @given(name=st.text(max_size=80))
 @example(name="topic\n")  # Python's `$` matches before a final newline; nsqd's Go regexp doesn't
 @example(name="a" * 54 + "#ephemeral")
@@ -185,7 +180,6 @@ def test_name_validation_agrees_with_nsqd_rule(name: str) -> None:
         assert not any(c.isspace() for c in name)
 
 
-@FAST
 @given(name=NAMES, body=BODIES)
 def test_pub_length_prefix_matches_the_body(name: str, body: bytes | str) -> None:
     encoded = commands.pub(name, body)
@@ -196,7 +190,6 @@ def test_pub_length_prefix_matches_the_body(name: str, body: bytes | str) -> Non
     assert rest[4:] == _as_bytes(body)
 
 
-@FAST
 @given(name=NAMES, bodies=st.lists(BODIES, min_size=1, max_size=20))
 def test_mpub_length_prefixes_match_the_bodies(name: str, bodies: list[bytes | str]) -> None:
     encoded = commands.mpub(name, bodies)
@@ -215,7 +208,6 @@ def test_mpub_length_prefixes_match_the_bodies(name: str, bodies: list[bytes | s
     assert pos == len(payload)
 
 
-@FAST
 @given(
     name=NAMES,
     delay=st.floats(min_value=0, max_value=2_000_000, allow_nan=False),

@@ -2,7 +2,9 @@
 
 Installed nsq_sync registers this module under the ``pytest11`` entry point, so the fixtures are
 available in any project that has nsq_sync installed; without installing, load it with
-``pytest -p nsq_sync.testing.pytest_plugin``.
+``pytest -p nsq_sync.testing.pytest_plugin`` (and switch it off with ``-p no:nsq_sync``). Since
+it is loaded into other projects, every name it registers starts with ``nsq`` (no generic
+``topic``), and it registers no markers.
 
 Fixtures:
 
@@ -87,7 +89,12 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def nsq_bin() -> NsqBinaries:
-    """Find ``nsqd`` and ``nsqlookupd``; skip (locally) or fail (in CI) when they're missing."""
+    """The paths of the ``nsqd`` and ``nsqlookupd`` executables (session-scoped).
+
+    Found with :func:`~nsq_sync.testing.find_nsq_binary` (``NSQ_BIN``, ``.nsq/bin``, ``PATH``).
+    When they are missing, every test that needs them is skipped, except in CI (``CI=true`` or
+    ``CI=1``), where it fails: a CI run can't go green by skipping its integration tests.
+    """
     try:
         return NsqBinaries(nsqd=find_nsq_binary("nsqd"), nsqlookupd=find_nsq_binary("nsqlookupd"))
     except NsqBinaryNotFound as exc:
@@ -100,7 +107,11 @@ def nsq_bin() -> NsqBinaries:
 def nsqlookupd(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NsqlookupdProcess]:
-    """A shared nsqlookupd for the whole session."""
+    """One :class:`~nsq_sync.testing.NsqlookupdProcess` shared by the whole session.
+
+    The shared ``nsqd`` is registered with it. Don't stop it; a test that needs a lookupd of its
+    own takes one from ``nsq_cluster``.
+    """
     proc = NsqlookupdProcess(
         binary=nsq_bin.nsqlookupd, work_dir=tmp_path_factory.mktemp("nsqlookupd")
     )
@@ -117,7 +128,12 @@ def nsqd(
     nsqlookupd: NsqlookupdProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[NsqdProcess]:
-    """A shared nsqd for the whole session, registered with the shared ``nsqlookupd``."""
+    """One :class:`~nsq_sync.testing.NsqdProcess` shared by the whole session.
+
+    It is registered with the shared ``nsqlookupd`` (this waits until the lookupd lists it).
+    Tests share it: give each test a topic of its own (``nsq_topic``), and don't stop, restart
+    or reconfigure it; take a server of the test's own from ``nsqd_factory`` for that.
+    """
     proc = NsqdProcess(
         lookupd_tcp_addresses=[nsqlookupd.tcp_address],
         binary=nsq_bin.nsqd,
@@ -253,7 +269,12 @@ class ClusterFactory(_Factory):
 def nsqd_factory(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NsqdFactory]:
-    """Start fresh nsqds: ``nsqd_factory(*extra_args, lookupd=None)``; stopped after the test."""
+    """Start fresh nsqds for this test: ``nsqd_factory(*extra_args, lookupd=None) -> NsqdProcess``.
+
+    ``extra_args`` are nsqd flags (``"--msg-timeout=1s"``); ``lookupd`` an nsqlookupd (or its
+    TCP address) to register with. Each nsqd has its own ports and data path, waits until it
+    answers ``/ping``, and is stopped when the test ends. See :class:`NsqdFactory`.
+    """
     with NsqdFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
 
@@ -262,14 +283,23 @@ def nsqd_factory(
 def nsq_cluster(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterFactory]:
-    """Start a fresh lookupd and nsqds: ``nsq_cluster(n=2) -> Cluster``; stopped after the test."""
+    """Start a fresh nsqlookupd and nsqds for this test: ``nsq_cluster(n=2) -> Cluster``.
+
+    Also takes ``nsqd_args=`` and ``lookupd_args=`` (flags). Returns once the lookupd's
+    ``/nodes`` lists every nsqd; everything is stopped when the test ends. See
+    :class:`ClusterFactory`.
+    """
     with ClusterFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
 
 
 @pytest.fixture
 def nsq_topic(request: pytest.FixtureRequest) -> str:
-    """A unique valid topic name: ``t_<sanitized test name>_<8 hex digits>``, at most 64 chars."""
+    """A topic name of this test's own: ``t_<test name>_<8 hex digits>``.
+
+    Valid for nsqd (at most 64 characters of ``[.a-zA-Z0-9_-]``) and different on every call, so
+    tests that share the session's ``nsqd`` never see each other's messages.
+    """
     suffix = uuid.uuid4().hex[:8]
     room = _TOPIC_MAX - len("t_") - len("_") - len(suffix)
     name = _INVALID_NAME_CHARS.sub("_", request.node.name)[:room]

@@ -190,9 +190,11 @@ def test_the_plugin_takes_only_nsq_names_in_a_users_project(
     (tmp_path / "test_user.py").write_text(
         textwrap.dedent(
             """
-            def test_both(topic, nsq_topic):
+            def test_both(topic, nsq_topic, pytestconfig):
                 assert topic == "the project topic"
                 assert nsq_topic.startswith("t_test_both_")
+                markers = [line.split(":")[0] for line in pytestconfig.getini("markers")]
+                assert not {"slow", "integration", "gevent", "spark"} & set(markers), markers
             """
         )
     )
@@ -203,6 +205,3 @@ def test_the_plugin_takes_only_nsq_names_in_a_users_project(
     section = section.split("fixtures defined from", 1)[0]
     names = set(re.findall(r"^(\w+)(?: \[session scope\])? -- ", section, re.MULTILINE))
     assert names == {"nsq_bin", "nsqd", "nsqlookupd", "nsqd_factory", "nsq_cluster", "nsq_topic"}
-
-    markers = _pytest_in(tmp_path, pytestconfig, "--markers")
-    assert not re.search(r"^@pytest\.mark\.(slow|integration|gevent|spark):", markers, re.M)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,17 +45,27 @@ def setup_django(test_db: Path) -> None:
 
 def migrated_shop(tmp_path: Path, **extra: str) -> tuple[Path, dict[str, str]]:
     """A fresh sqlite database for the Django example, migrated; the database and the
-    environment (``extra`` added) to run the example's manage.py or gunicorn with."""
+    environment (``extra`` added) to run the example's manage.py or gunicorn with.
+
+    ``manage.py migrate`` runs once per session (a Django start-up of a second or more on a
+    busy machine), into a template next to the session's temporary folders; each caller gets
+    a copy of it.
+    """
+    template = tmp_path.parent / "django-shop-template" / "shop.sqlite3"
+    if not template.exists():
+        template.parent.mkdir(exist_ok=True)
+        building = template.with_suffix(".partial")
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v0"],
+            cwd=EXAMPLE,
+            env=example_env(SHOP_DB=str(building)),
+            check=True,
+            timeout=120,
+        )
+        building.replace(template)  # only a complete migration becomes the template
     db = tmp_path / "shop.sqlite3"
-    env = example_env(SHOP_DB=str(db), **extra)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v0"],
-        cwd=EXAMPLE,
-        env=env,
-        check=True,
-        timeout=120,
-    )
-    return db, env
+    shutil.copyfile(template, db)
+    return db, example_env(SHOP_DB=str(db), **extra)
 
 
 def start_command(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -198,9 +198,9 @@ def test_heartbeats_answered_on_idle_connection(nsqd: NsqdProcess, nsq_topic: st
     try:
         nops = _count_nops(conn)
         conn.start_reader()
-        # Idle for more than 4 s: nsqd closes a client after two unanswered heartbeats, and our
-        # own read_timeout (3 s) would fire if heartbeats stopped arriving.
-        wait_for(lambda: nops[0] >= 5 or conn.closed, "5 heartbeats answered", timeout=15.0)
+        # Three heartbeats one second apart: nsqd closes a client that has sent nothing for two
+        # heartbeat intervals, so without our NOPs the connection would be gone by the third.
+        wait_for(lambda: nops[0] >= 3 or conn.closed, "3 heartbeats answered", timeout=15.0)
         assert not conn.closed, conn.close_error
         assert conn.reader_alive
         assert conn.request(commands.pub(nsq_topic, b"after idling"), timeout=10.0) == b"OK"

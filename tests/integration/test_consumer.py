@@ -327,6 +327,7 @@ def test_stop_is_idempotent_and_final(
 # --------------------------------------------------------------------------- backoff
 
 
+@pytest.mark.slow  # ~10 s of real backoff (1, 2, 4 s levels); test_backoff_climbs_two_levels_* runs everywhere
 def test_backoff_on_failures_then_recovery(
     nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:
@@ -454,6 +455,7 @@ def test_set_max_in_flight_zero_pauses_and_resume_consumes(
 # --------------------------------------------------------------------------- touch / async
 
 
+@pytest.mark.slow  # ~8 s: nsqd starts scanning a new channel for timeouts only up to 5 s later
 def test_touch_keeps_a_message_past_msg_timeout(
     nsqd_factory: Callable[..., NsqdProcess], nsq_topic: str, consumers: Callable[..., Consumer]
 ) -> None:

@@ -344,6 +344,7 @@ def test_write_timeout_closes_the_connection(nsqd_factory: Any, nsq_topic: str) 
             conn.join(5.0)
 
 
+@pytest.mark.slow  # 6-11 s: 16 publishes of 900 KB through a stalled proxy, each timing out
 def test_write_timeout_fails_every_publish_on_the_connection(
     nsqd_factory: Any, nsq_topic: str
 ) -> None:

@@ -58,7 +58,10 @@ from nsq_sync.protocol.events import ErrorFrame, Heartbeat, MessageFrame, Respon
 from .helpers import gevent_patched, wait_for
 
 MAX_FRAME = 4096  # the clients' max_frame_size here, so that "oversized" is cheap to script
-EXAMPLES = int(os.environ.get("NSQ_SYNC_FUZZ_EXAMPLES", "40"))
+# Each example is a scripted server and a real client (~0.15 s): 40 under the thorough Hypothesis
+# profile (CI's 3.11 envs, see tests/conftest.py), 15 elsewhere; NSQ_SYNC_FUZZ_EXAMPLES overrides.
+_THOROUGH = os.environ.get("NSQ_SYNC_HYPOTHESIS_PROFILE", "").strip() == "thorough"
+EXAMPLES = int(os.environ.get("NSQ_SYNC_FUZZ_EXAMPLES", "40" if _THOROUGH else "15"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -142,6 +142,25 @@ def test_start_failure_and_missing_binary(
     assert find_nsq_binary("nsqd-that-does-not-exist") == str(fake.resolve())
 
 
+def _pytest_in(
+    project: Path, pytestconfig: pytest.Config, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """Run pytest in a fresh process in ``project``, as a project using nsq_sync would."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    if not pytestconfig.pluginmanager.has_plugin("nsq_sync"):  # not installed: no entry point
+        argv[3:3] = ["-p", "nsq_sync.testing.pytest_plugin"]
+    env = {k: v for k, v in os.environ.items() if k != "NSQ_SYNC_TEST_RUNTIME"}
+    return subprocess.run(
+        argv, cwd=project, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _passing_pytest_in(project: Path, pytestconfig: pytest.Config, *args: str) -> str:
+    result = _pytest_in(project, pytestconfig, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def test_failure_report_includes_server_logs(
     tmp_path: Path, pytestconfig: pytest.Config, nsq_bin: Any
 ) -> None:
@@ -154,28 +173,10 @@ def test_failure_report_includes_server_logs(
             """
         )
     )
-    args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path)]
-    if not pytestconfig.pluginmanager.has_plugin("nsq_sync"):  # not installed: no entry point
-        args[3:3] = ["-p", "nsq_sync.testing.pytest_plugin"]
-    env = {k: v for k, v in os.environ.items() if k != "NSQ_SYNC_TEST_RUNTIME"}
-    result = subprocess.run(
-        args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    result = _pytest_in(tmp_path, pytestconfig, str(tmp_path))
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"-+ nsqd 127\.0\.0\.1:\d+ log \(last 100 lines", result.stdout), result.stdout
     assert "TCP: listening on 127.0.0.1:" in result.stdout
-
-
-def _pytest_in(project: Path, pytestconfig: pytest.Config, *args: str) -> str:
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
-    if not pytestconfig.pluginmanager.has_plugin("nsq_sync"):  # not installed: no entry point
-        argv[3:3] = ["-p", "nsq_sync.testing.pytest_plugin"]
-    env = {k: v for k, v in os.environ.items() if k != "NSQ_SYNC_TEST_RUNTIME"}
-    result = subprocess.run(
-        argv, cwd=project, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
 
 
 def test_the_plugin_takes_only_nsq_names_in_a_users_project(
@@ -198,9 +199,9 @@ def test_the_plugin_takes_only_nsq_names_in_a_users_project(
             """
         )
     )
-    assert "1 passed" in _pytest_in(tmp_path, pytestconfig, "-q")
+    assert "1 passed" in _passing_pytest_in(tmp_path, pytestconfig, "-q")
 
-    listing = _pytest_in(tmp_path, pytestconfig, "--fixtures")
+    listing = _passing_pytest_in(tmp_path, pytestconfig, "--fixtures")
     section = listing.split("fixtures defined from nsq_sync.testing.pytest_plugin", 1)[1]
     section = section.split("fixtures defined from", 1)[0]
     names = set(re.findall(r"^(\w+)(?: \[session scope\])? -- ", section, re.MULTILINE))

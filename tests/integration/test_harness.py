@@ -179,6 +179,7 @@ def test_failure_report_includes_server_logs(
     assert "TCP: listening on 127.0.0.1:" in result.stdout
 
 
+@pytest.mark.slow  # two pytest processes; the names depend on neither Python nor runtime
 def test_the_plugin_takes_only_nsq_names_in_a_users_project(
     tmp_path: Path, pytestconfig: pytest.Config
 ) -> None:

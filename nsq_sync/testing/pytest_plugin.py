@@ -326,7 +326,7 @@ def _processes_of(item: pytest.Item) -> list[NsqProcess]:
             procs = (value,)
         elif isinstance(value, Cluster):
             procs = value.processes()
-        elif isinstance(value, (NsqdFactory, ClusterFactory)):
+        elif isinstance(value, _Factory):
             procs = value.processes
         for proc in procs:
             found.setdefault(id(proc), proc)

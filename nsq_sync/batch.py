@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsq_sync.config import Config
-from nsq_sync.consumer import Consumer, ConsumerStats
+from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
 from nsq_sync.dispatch import GiveUpHandler
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
@@ -97,10 +97,11 @@ class BatchConsumer:
         self.handle_batch = handle_batch
         self.batch_size = batch_size
         self.batch_timeout = timeout
+        self._parts: ConsumerParts | None = None  # the consumer's machinery (see _attach)
         self._consumer = Consumer(
             topic,
             channel,
-            self._collect,
+            _Collector(self),
             concurrency=1,
             giving_up=giving_up,
             config=config,
@@ -111,16 +112,27 @@ class BatchConsumer:
         self.channel = self._consumer.channel
         self.config = self._consumer.config
         self.log = self._consumer.log
-        self._lock = self.runtime.lock()
         self._open: list[Message] = []  # collected, not yet handed to handle_batch
         self._arrived: list[float] = []  # when each message in _open arrived
         self._busy = 0  # messages in the batch handle_batch is running on
-        self._wake = self.runtime.event()
         self._closing = False  # the consumer stopped: leave once the open batch is handled
         self._stopping = False  # stop() began
         self._stop_spawned = False
         self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a batch
         self._task: Any = None
+
+    def _attach(self, parts: ConsumerParts) -> None:
+        """The consumer built its parts (at construction; again at start() when
+        ``runtime="auto"`` picked another runtime): batch on them."""
+        self._parts = parts
+        self._lock = parts.runtime.lock()
+        self._wake = parts.runtime.event()
+
+    @property
+    def _machinery(self) -> ConsumerParts:
+        parts = self._parts
+        assert parts is not None  # attached in Consumer.__init__
+        return parts
 
     @property
     def runtime(self) -> Runtime:
@@ -136,18 +148,15 @@ class BatchConsumer:
         Raises:
             Stopped: the consumer was stopped (consumers are not restartable).
         """
+        self._consumer.start()  # decides the runtime (the parts are attached again if it changed)
         if self._task is None:
-            if self._consumer._decide_runtime():  # runtime="auto", gevent patched since
-                self._lock = self.runtime.lock()
-                self._wake = self.runtime.event()
             self._task = self.runtime.spawn(
                 self._batches, name=f"nsq_sync-batches-{self.topic}/{self.channel}"
             )
             # one of the pool's tasks: the consumer's stop joins it (after the last message
             # in flight was answered) before it closes the connections, so the batch task's
             # last FINs and REQs are written, not cut off
-            self._consumer._pool.tasks.append(self._task)
-        self._consumer.start()
+            self._machinery.pool.tasks.append(self._task)
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
@@ -234,7 +243,7 @@ class BatchConsumer:
     def _cannot_grow(self, held: int) -> bool:
         """True when no more messages can join the open batch: no credit left, and every message
         in flight is held by the batches (none is still on its way to ``_collect``)."""
-        credit_left, in_flight, _ = self._consumer._credit()
+        credit_left, in_flight, _ = self._machinery.connections.credit()
         return credit_left == 0 and in_flight <= held
 
     def _batches(self) -> None:
@@ -254,7 +263,8 @@ class BatchConsumer:
             if count == 0 and self._stopping:
                 # leave once nothing can reach _collect any more: the consumer is stopping (it
                 # requeues whatever arrives now) and nothing it received is still in flight
-                if self._consumer._stopping and self._consumer._credit()[1] == 0:
+                conns = self._machinery.connections
+                if conns.stopping and conns.in_flight() == 0:
                     return
                 wait = POLL
             if not batch and count and self._cannot_grow(held):
@@ -278,11 +288,11 @@ class BatchConsumer:
         return batch
 
     def _handle(self, batch: list[Message]) -> None:
-        consumer = self._consumer
+        pool = self._machinery.pool
         live = []
         for message in batch:
-            if message._conn.closed:  # type: ignore[attr-defined]
-                consumer._on_skip(message)  # nsqd redelivers it
+            if pool.is_stale(message):
+                pool.on_skip(message)  # nsqd redelivers it
             else:
                 live.append(message)
         try:
@@ -293,7 +303,7 @@ class BatchConsumer:
                 self._busy = 0
 
     def _run_handler(self, batch: list[Message]) -> None:
-        consumer = self._consumer
+        parts = self._machinery
         try:
             self.handle_batch(batch)
         except Exception:
@@ -304,11 +314,10 @@ class BatchConsumer:
                 len(unanswered),
             )
             max_attempts = self.config.max_attempts
-            for message in batch:
-                consumer._on_failed(message)
+            parts.connections.count("failed", len(batch))
             for message in unanswered:
                 if 0 < max_attempts <= message.attempts:
-                    consumer._pool._give_up(message)
+                    parts.pool.give_up(message)
                 else:
                     message.requeue()
             return
@@ -316,7 +325,7 @@ class BatchConsumer:
             # SystemExit, KeyboardInterrupt, GreenletExit: nothing may stay in flight. RDY 0
             # first, or nsqd hands the requeued batch straight back.
             if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                consumer.set_max_in_flight(0)
+                self._consumer.set_max_in_flight(0)
             for message in batch:
                 if not message.has_responded:
                     message.requeue(0.0, backoff=False)
@@ -331,4 +340,20 @@ class BatchConsumer:
         # claimed here (the first answer wins), then finished with one write per connection
         to_finish = [m for m in batch if m._claim("finish")]
         if to_finish:
-            consumer._finish_many(to_finish)
+            parts.responder.finish_many(to_finish)
+
+
+class _Collector(PartsUser):
+    """The handler BatchConsumer gives its Consumer (a :class:`~nsq_sync.consumer.PartsUser`):
+    each message goes to the open batch, and the consumer's parts to the BatchConsumer."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: BatchConsumer) -> None:
+        self._owner = owner
+
+    def __call__(self, message: Message) -> None:
+        self._owner._collect(message)
+
+    def attach(self, parts: ConsumerParts) -> None:
+        self._owner._attach(parts)

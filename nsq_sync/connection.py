@@ -1,4 +1,7 @@
-"""One nsqd TCP connection: handshake, upgrades, AUTH, a reader task and thread-safe writes.
+"""One nsqd TCP connection: a reader task, thread-safe writes, and requests matched to answers.
+
+:meth:`NsqdConnection.connect` runs the handshake (magic, IDENTIFY, upgrades, AUTH: see
+:mod:`nsq_sync.handshake`).
 
 The reader task (one per connection) decodes frames, answers ``_heartbeat_`` with NOP itself and
 hands everything else to a :class:`ConnectionHandler` (the consumer) or to the request waiting
@@ -12,28 +15,22 @@ E_TOUCH_FAILED) answer fire-and-forget commands and are never matched to a waite
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import socket
 import time
 from typing import Any, Protocol
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address
-from nsq_sync._tls import build_ssl_context
 from nsq_sync.config import Config
 from nsq_sync.errors import (
-    AuthError,
     ConnectionClosed,
-    HandshakeError,
     NSQConnectionError,
     ReadTimeout,
     RemoteProtocolError,
     ServerError,
-    TLSError,
 )
+from nsq_sync.handshake import Handshake, server_error
 from nsq_sync.protocol import commands
-from nsq_sync.protocol.codecs import DeflateCodec, SnappyCodec
 from nsq_sync.protocol.constants import OK
 from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder
 from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame, Response
@@ -82,30 +79,6 @@ class _Waiter:
         self.abandoned = False
 
 
-def identify_body(config: Config, heartbeats: bool = True) -> dict[str, Any]:
-    """The IDENTIFY JSON for ``config`` (durations converted to milliseconds here)."""
-    hostname = config.hostname or socket.gethostname()
-    body: dict[str, Any] = {
-        "client_id": config.client_id or hostname.split(".")[0],
-        "hostname": hostname,
-        "feature_negotiation": True,
-        "heartbeat_interval": int(config.heartbeat_interval * 1000) if heartbeats else -1,
-        "output_buffer_size": config.output_buffer_size if config.output_buffer_size else -1,
-        "output_buffer_timeout": (
-            int(config.output_buffer_timeout * 1000) if config.output_buffer_timeout else -1
-        ),
-        "tls_v1": config.tls_enabled,
-        "snappy": config.snappy,
-        "deflate": config.deflate,
-        "deflate_level": config.deflate_level,
-        "sample_rate": config.sample_rate,
-        "user_agent": config.user_agent,
-    }
-    if config.msg_timeout is not None:
-        body["msg_timeout"] = int(config.msg_timeout * 1000)
-    return body
-
-
 class NsqdConnection:
     """A connection to one nsqd.
 
@@ -149,16 +122,14 @@ class NsqdConnection:
         self.log = logging.LoggerAdapter(log, {"nsqd": address})
         self._transport: Transport | None = None
         self._decoder = FrameDecoder(self.config.max_frame_size)
-        self._pending: collections.deque[_Waiter] = collections.deque()
+        self._waiters: collections.deque[_Waiter] = collections.deque()
         self._request_lock = self.runtime.lock()
         self._reader: Task | None = None
         self._reading = False  # request/response mode: a requester holds the reading role
         self._closing = False
         self.closed = False
         self.close_error: BaseException | None = None
-        self._deadline: float | None = None  # of the handshake, when connect() was given one
-        # Bookkeeping for the consumer, updated under the consumer's lock.
-        self.in_flight = 0  # delivered, not yet FIN/REQ
+        #: messages the reader task handed to the handler (written by the reader task only)
         self.messages_received = 0
 
     def __repr__(self) -> str:
@@ -189,8 +160,9 @@ class NsqdConnection:
         """
         cfg = self.config
         dial_timeout = cfg.dial_timeout
+        deadline = None
         if timeout is not None:
-            self._deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + timeout
             dial_timeout = max(0.001, min(dial_timeout, timeout))
         self._transport = Transport(
             self.runtime,
@@ -201,63 +173,13 @@ class NsqdConnection:
         )
         # In a forked child the fork hook closes the child's copy of the socket (nsq_sync._fork)
         _fork.track(self, NsqdConnection.abandon)
+        handshake = Handshake(self._transport, self._decoder, cfg, self.address, self.log, deadline)
         try:
-            self._handshake()
+            self.identify = handshake.run(self.heartbeats)
         except BaseException:
-            self._transport.close()
-            self.closed = True
+            self._close_transport()
             raise
-        finally:
-            self._deadline = None
         return self.identify
-
-    def _handshake(self) -> None:
-        cfg = self.config
-        transport = self._transport
-        assert transport is not None
-        if not self.heartbeats:
-            transport.enable_keepalive()
-        transport.send(commands.magic() + commands.identify(identify_body(cfg, self.heartbeats)))
-        self.identify = result = IdentifyResult.parse(self._read_response())
-        if cfg.tls_enabled:
-            if not result.tls_v1:
-                raise TLSError(
-                    "TLS was requested but nsqd did not agree (is it started with "
-                    "--tls-cert/--tls-key?)",
-                    self.address,
-                )
-            host = cfg.tls_server_name or parse_address(self.address)[0]
-            transport.start_tls(build_ssl_context(cfg), host, self._decoder.take_trailing_data())
-            self._expect_ok("TLS upgrade")
-        if result.snappy:
-            transport.install_codec(SnappyCodec(), self._decoder.take_trailing_data())
-            self._expect_ok("snappy upgrade")
-        elif result.deflate:
-            level = result.deflate_level or cfg.deflate_level
-            transport.install_codec(DeflateCodec(level), self._decoder.take_trailing_data())
-            self._expect_ok("deflate upgrade")
-        elif (cfg.snappy or cfg.deflate) and result.negotiated:
-            self.log.warning(
-                "compression %s requested but not enabled on nsqd; continuing uncompressed",
-                "snappy" if cfg.snappy else "deflate",
-            )
-        if result.auth_required:
-            if not cfg.auth_secret:
-                raise AuthError(
-                    "nsqd requires AUTH (--auth-http-address) but no auth_secret is configured",
-                    self.address,
-                )
-            transport.send(commands.auth(cfg.auth_secret))
-            reply = self._read_response()
-            try:
-                info = json.loads(reply)
-            except ValueError:
-                raise HandshakeError(
-                    f"unexpected AUTH response {reply[:100]!r}", self.address
-                ) from None
-            self.log.debug("authenticated as %s", info.get("identity"))
-        elif cfg.auth_secret:
-            self.log.warning("auth_secret is set but nsqd does not require AUTH; not sending it")
 
     def subscribe(self, topic: str, channel: str) -> None:
         """Send SUB and wait for OK (before the reader starts).
@@ -266,52 +188,16 @@ class NsqdConnection:
             InvalidName, ServerError (E_BAD_TOPIC, E_UNAUTHORIZED...), NSQConnectionError.
         """
         data = commands.sub(topic, channel)
-        assert self._transport is not None
+        transport = self._transport
+        assert transport is not None
         try:
-            self._transport.send(data)
-            self._expect_ok("SUB")
+            transport.send(data)
+            Handshake(transport, self._decoder, self.config, self.address, self.log).expect_ok(
+                "SUB"
+            )
         except BaseException:
             self._close_transport()
             raise
-
-    def _expect_ok(self, what: str) -> None:
-        data = self._read_response()
-        if data != OK:
-            raise HandshakeError(f"expected OK after {what}, got {data[:100]!r}", self.address)
-
-    def _read_response(self) -> bytes:
-        """Read synchronously (before the reader task runs) until a response or error frame."""
-        assert self._transport is not None
-        while True:
-            event = self._decoder.next_event()
-            if event is NEED_DATA:
-                timeout = None
-                if self._deadline is not None:
-                    timeout = min(self.config.read_timeout, self._deadline - time.monotonic())
-                    if timeout <= 0:
-                        raise ReadTimeout("the handshake timed out", self.address)
-                self._decoder.receive_data(self._transport.recv(timeout))
-                continue
-            if event is EOF:
-                raise ConnectionClosed(
-                    "nsqd closed the connection during the handshake", self.address
-                )
-            if isinstance(event, Heartbeat):
-                self._transport.send(commands.NOP)
-            elif isinstance(event, Response):
-                return event.data
-            elif isinstance(event, ErrorFrame):
-                raise self._server_error(event)
-            else:
-                raise RemoteProtocolError(f"unexpected {type(event).__name__} during the handshake")
-
-    def _server_error(self, frame: ErrorFrame) -> BaseException:
-        error = frame.to_exception()
-        if error.code == "E_INVALID" and "TLS required" in error.text:
-            return TLSError(
-                f"nsqd requires TLS (--tls-required); set tls_v1=True: {error}", self.address
-            )
-        return error
 
     # ------------------------------------------------------------------ reader
 
@@ -340,6 +226,7 @@ class NsqdConnection:
                             continue
                         if batch:
                             ready, batch = batch, []
+                            self.messages_received += len(ready)
                             if handler is not None:
                                 handler.on_messages(self, ready)
                         if type(event) is Heartbeat:
@@ -347,11 +234,13 @@ class NsqdConnection:
                         elif type(event) is Response:
                             self._on_response(event.data)
                         else:
-                            self._on_error(self._server_error(event))  # type: ignore[arg-type]
+                            self._on_error(server_error(event, self.address))  # type: ignore[arg-type]
                 finally:
                     # also when the decoder hits garbage: the messages before it are good
-                    if batch and handler is not None:
-                        handler.on_messages(self, batch)
+                    if batch:
+                        self.messages_received += len(batch)
+                        if handler is not None:
+                            handler.on_messages(self, batch)
                 data = transport.recv()
                 if not data:
                     if not self._closing:
@@ -368,20 +257,20 @@ class NsqdConnection:
             self._finish(error)
 
     def _on_response(self, data: bytes) -> None:
-        if self._pending:
+        if self._waiters:
             self._answer(data, None)
         elif self.handler is not None:
             self.handler.on_response(self, data)
 
     def _on_error(self, error: BaseException) -> None:
         fatal = getattr(error, "fatal", True)
-        if fatal and self._pending:
+        if fatal and self._waiters:
             self._answer(b"", error)
             if self._reader is None:
                 # nsqd executes nothing after a fatal error and closes the connection: the
                 # requests behind this one certainly did not take effect (safe to send again).
                 self._close_transport()
-                self._fail_pending(
+                self._fail_waiters(
                     NotSent(
                         "nsqd closed the connection after a fatal error; this command was not "
                         "executed",
@@ -395,17 +284,17 @@ class NsqdConnection:
 
     def _answer(self, data: bytes, error: BaseException | None) -> None:
         # Only the task holding the reading role pops; requesters append under _request_lock.
-        waiter = self._pending.popleft()
+        waiter = self._waiters.popleft()
         waiter.result = data
         waiter.error = error
         waiter.done = True
         if waiter.event is not None:
             waiter.event.set()
 
-    def _fail_pending(self, error: BaseException) -> None:
+    def _fail_waiters(self, error: BaseException) -> None:
         with self._request_lock:
-            while self._pending:
-                waiter = self._pending.popleft()
+            while self._waiters:
+                waiter = self._waiters.popleft()
                 waiter.error = error
                 waiter.done = True
                 if waiter.event is not None:
@@ -416,7 +305,7 @@ class NsqdConnection:
         self._close_transport()
         if error is not None:
             self.log.warning("connection lost: %s", error)
-        self._fail_pending(
+        self._fail_waiters(
             ConnectionClosed(
                 "connection closed before nsqd answered", self.address, by_server=error is not None
             )
@@ -441,7 +330,7 @@ class NsqdConnection:
             raise ConnectionClosed("connection is closed", self.address, by_server=False)
         transport.send(data)
 
-    def send_deferred(self, data: bytes) -> bool:
+    def buffer(self, data: bytes) -> bool:
         """Buffer a command for the next :meth:`flush` (or :meth:`send`). Thread-safe.
 
         Returns:
@@ -456,7 +345,7 @@ class NsqdConnection:
         return transport.buffer(data)
 
     def flush(self) -> None:
-        """Write what :meth:`send_deferred` buffered. Thread-safe.
+        """Write what :meth:`buffer` buffered. Thread-safe.
 
         Raises:
             ConnectionClosed, NSQConnectionError.
@@ -492,7 +381,7 @@ class NsqdConnection:
             else:
                 self._reading = waiter.reader = True
             # pending order == write order: both happen under _request_lock
-            self._pending.append(waiter)
+            self._waiters.append(waiter)
             write = self._transport.enqueue(data)
         if write:
             try:
@@ -505,14 +394,7 @@ class NsqdConnection:
             except BaseException as exc:
                 # A torn write: the connection is unusable, and every request waiting on it
                 # fails (their bytes may or may not have reached nsqd).
-                self._close_transport()
-                self._fail_pending(
-                    exc
-                    if isinstance(exc, NSQConnectionError)
-                    else ConnectionClosed(str(exc), self.address)
-                )
-                with self._request_lock:
-                    self._reading = False
+                self._torn(exc)
                 raise
         deadline = time.monotonic() + timeout
         if not waiter.reader:
@@ -562,7 +444,7 @@ class NsqdConnection:
             # Answers to other requests that arrived in the same reads: hand them out now. Left
             # in the buffer, they would wait for the next reader to wake up first (one thread
             # wake-up more on the path of every answer when many threads publish).
-            while self._pending:
+            while self._waiters:
                 event = decoder.next_event()
                 if event is NEED_DATA or event is EOF:
                     break
@@ -574,15 +456,8 @@ class NsqdConnection:
             self._pass_reading_role()
             raise
         except BaseException as exc:
-            self._close_transport()
             self.close_error = exc
-            self._fail_pending(
-                exc
-                if isinstance(exc, NSQConnectionError)
-                else ConnectionClosed(str(exc), self.address)
-            )
-            with self._request_lock:
-                self._reading = False
+            self._torn(exc)
             raise
         self._pass_reading_role()
 
@@ -590,16 +465,28 @@ class NsqdConnection:
         if type(event) is Response:
             self._on_response(event.data)
         elif type(event) is ErrorFrame:
-            self._on_error(self._server_error(event))
+            self._on_error(server_error(event, self.address))
         elif type(event) is Heartbeat:
             assert self._transport is not None
             self._transport.send(commands.NOP)
         else:
             raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
 
+    def _torn(self, error: BaseException) -> None:
+        """The connection broke mid-request (a failed write or read): close it and fail every
+        waiting request with ``error`` (their outcome is unknown), and free the reading role."""
+        self._close_transport()
+        self._fail_waiters(
+            error
+            if isinstance(error, NSQConnectionError)
+            else ConnectionClosed(str(error), self.address)
+        )
+        with self._request_lock:
+            self._reading = False
+
     def _pass_reading_role(self) -> None:
         with self._request_lock:
-            for waiter in self._pending:
+            for waiter in self._waiters:
                 if not waiter.abandoned:
                     waiter.reader = True
                     waiter.event.set()
@@ -649,4 +536,4 @@ class NsqdConnection:
         return self._reader is not None and self._reader.is_alive()
 
 
-__all__ = ["ConnectionHandler", "NSQConnectionError", "NotSent", "NsqdConnection", "identify_body"]
+__all__ = ["ConnectionHandler", "NSQConnectionError", "NotSent", "NsqdConnection"]

@@ -1,10 +1,12 @@
-"""The connection manager task: lookupd polling with jitter, and (re)connecting nsqds.
+"""Discovery: the task that finds nsqds (lookupd polling with jitter) and (re)connects them.
 
-One task per consumer decides which nsqds the consumer should be connected to (the direct
-``nsqd_tcp_addresses`` plus whatever the lookupds list for the topic) and keeps it so:
+One discovery task per consumer (``nsq_sync-discovery-<topic>/<channel>``) decides which nsqds
+the consumer should be connected to (the direct ``nsqd_tcp_addresses`` plus whatever the
+lookupds list for the topic) and keeps it so:
 
-* every lookupd is queried at once, in parallel, each on its own task with
-  ``lookupd_http_timeout``; the manager never waits for them (a query's answer wakes it), so a
+* every lookupd is queried at once, in parallel, each on its own task
+  (``nsq_sync-discovery-query-<url>``, through :class:`~nsq_sync.lookupd.LookupdClient`) with
+  ``lookupd_http_timeout``; discovery never waits for them (a query's answer wakes it), so a
   dead or hanging lookupd never holds up the others, the direct nsqds, reconnects or ``stop()``;
   results merge by ``broadcast_address:tcp_port``;
 * the next poll comes ``lookupd_poll_interval`` later, with random jitter of up to
@@ -18,7 +20,9 @@ One task per consumer decides which nsqds the consumer should be connected to (t
   re-registered, up to nsqd's 15 s ping later). An nsqd goes away when its connection closes;
   it is then reconnected if it is a direct address or the latest lookupd answer lists it.
 
-The task sleeps on an event between deadlines: an idle consumer does not poll anything.
+The task sleeps on an event between deadlines: an idle consumer does not poll anything. Time
+comes from an injected clock and the lookupd query from an injected function, so the rules are
+unit-tested without servers or sleeps (tests/unit/test_discovery.py).
 """
 
 from __future__ import annotations
@@ -36,9 +40,36 @@ log = logging.getLogger(__name__)
 
 _REQUERY_MIN_INTERVAL = 1.0
 
+#: ``lookup(url, topic, timeout)``: the tcp addresses of the nsqds lookupd lists for ``topic``
+Lookup = Callable[[str, str, float], set[str]]
 
-class ConnectionManager:
-    """Keeps a consumer connected. Its public methods are thread-safe (flags + an event)."""
+
+def lookup_topic(url: str, topic: str, timeout: float) -> set[str]:
+    """Ask the lookupd at ``url`` which nsqds carry ``topic`` (``host:tcp_port`` each)."""
+    with LookupdClient(url, timeout=timeout) as client:
+        return {p.tcp_address for p in client.lookup(topic)}
+
+
+class Discovery:
+    """Keeps a consumer connected to the nsqds it should consume from. Its public methods are
+    thread-safe (flags + an event).
+
+    Args:
+        topic: what to look up.
+        direct: nsqd TCP addresses to stay connected to whatever lookupd says.
+        lookupds: lookupd HTTP addresses to poll.
+        poll_interval, poll_jitter, http_timeout: ``lookupd_poll_interval``,
+            ``lookupd_poll_jitter``, ``lookupd_http_timeout``.
+        reconnect_max: the longest reconnect backoff, seconds.
+        runtime: spawns the task and the queries; its events put the task to sleep.
+        connected: the addresses connected now.
+        connect: starts dialling an address (returns at once; the result comes back through
+            :meth:`connect_succeeded` / :meth:`connect_failed`).
+        log: the consumer's logger.
+        rng: jitter.
+        clock: monotonic seconds.
+        lookup: the lookupd query (default :func:`lookup_topic`).
+    """
 
     def __init__(
         self,
@@ -55,6 +86,8 @@ class ConnectionManager:
         connect: Callable[[str], None],
         log: logging.Logger | logging.LoggerAdapter[Any] = log,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        lookup: Lookup = lookup_topic,
     ) -> None:
         self.topic = topic
         self.direct = list(direct)
@@ -68,6 +101,8 @@ class ConnectionManager:
         self.connect = connect
         self.log = log
         self.rng = rng or random.Random()
+        self.clock = clock
+        self.lookup = lookup
         #: nsqds the latest lookupd answer listed (kept when no lookupd answered)
         self.discovered: set[str] = set()
         self.answered = False  # some lookupd answered at least once (discovered is its word)
@@ -102,9 +137,9 @@ class ConnectionManager:
         if self._task is not None and not self.runtime.is_current(self._task):
             self._task.join(timeout)
 
-    def is_current(self) -> bool:
-        """True when called on the manager's own task."""
-        return self._task is not None and self.runtime.is_current(self._task)
+    def abandon(self) -> None:
+        """In a forked child (the consumer's fork hook; takes no lock): never reconnect."""
+        self._stopped = True
 
     def connect_succeeded(self, address: str) -> None:
         """Subscribed. The failure count stays until the connection proves useful (see
@@ -119,7 +154,7 @@ class ConnectionManager:
         self.connecting.discard(address)
         if permanent:
             self.failures[address] = self.failures.get(address, 0) + 1
-            self.retry_at[address] = time.monotonic() + self.reconnect_max
+            self.retry_at[address] = self.clock() + self.reconnect_max
         else:
             self._schedule_retry(address)
         self._wakeup.set()
@@ -136,17 +171,13 @@ class ConnectionManager:
             self.next_poll = min(self.next_poll, self.last_poll + _REQUERY_MIN_INTERVAL)
         self._wakeup.set()
 
-    def poll_now(self) -> None:
-        self.next_poll = 0.0
-        self._wakeup.set()
-
     # ------------------------------------------------------------------ the task
 
     def _schedule_retry(self, address: str) -> None:
         n = self.failures.get(address, 0) + 1
         self.failures[address] = n
         delay = min(self.reconnect_max, 0.1 * 2 ** min(n - 1, 16)) * (0.5 + self.rng.random() / 2)
-        self.retry_at[address] = time.monotonic() + delay
+        self.retry_at[address] = self.clock() + delay
 
     def _jittered_interval(self) -> float:
         return self.poll_interval * (1.0 + self.poll_jitter * (2.0 * self.rng.random() - 1.0))
@@ -154,7 +185,7 @@ class ConnectionManager:
     def _run(self) -> None:
         while not self._stopped:
             try:
-                timeout = self._step()
+                timeout = self.step()
             except Exception:
                 self.log.exception("discovery step failed")
                 timeout = 1.0
@@ -163,14 +194,17 @@ class ConnectionManager:
             self._wakeup.wait(timeout)
             self._wakeup.clear()
 
-    def _step(self) -> float | None:
+    def step(self) -> float | None:
+        """One pass of the task: merge the lookupd answers that arrived, start a query round
+        when one is due, dial every wanted nsqd whose backoff allows. Returns the seconds until
+        the next thing to do (None: nothing until woken)."""
         self._collect_answers()
-        now = time.monotonic()
+        now = self.clock()
         if self.lookupds and self._round_deadline is None and now >= self.next_poll:
             self._start_round()
         desired = set(self.direct) | self.discovered
         connected = self.connected()
-        now = time.monotonic()
+        now = self.clock()
         deadlines = []
         if self._round_deadline is not None:
             deadlines.append(self._round_deadline)
@@ -185,22 +219,23 @@ class ConnectionManager:
                 deadlines.append(at)
         if not deadlines:
             return None
-        return max(0.0, min(deadlines) - time.monotonic())
+        return max(0.0, min(deadlines) - self.clock())
 
     def _start_round(self) -> None:
-        """Query every lookupd in parallel, each on its own task; answers wake the manager."""
+        """Query every lookupd in parallel, each on its own task; answers wake the task."""
         self._round += 1
-        self._round_deadline = time.monotonic() + self.http_timeout * 2 + 1.0
+        self._round_deadline = self.clock() + self.http_timeout * 2 + 1.0
         self._round_found = set()
         self._round_answers = 0
         self._round_ok = 0
         for url in self.lookupds:
-            self.runtime.spawn(self._query, self._round, url, name=f"nsq_sync-lookupd-query-{url}")
+            self.runtime.spawn(
+                self._query, self._round, url, name=f"nsq_sync-discovery-query-{url}"
+            )
 
     def _query(self, round_: int, url: str) -> None:
         try:
-            with LookupdClient(url, timeout=self.http_timeout) as client:
-                found = {p.tcp_address for p in client.lookup(self.topic)}
+            found = self.lookup(url, self.topic, self.http_timeout)
             self._answers.append((round_, url, found, None))
         except Exception as exc:
             self._answers.append((round_, url, None, exc))
@@ -223,7 +258,7 @@ class ConnectionManager:
                 self._round_found |= addresses
         if self._round_deadline is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         complete = self._round_answers >= len(self.lookupds)
         if not complete and now < self._round_deadline:
             return

@@ -22,8 +22,8 @@ explicitly by the application) goes straight to the give-up handler without runn
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
 
 Messages whose handler returned are finished in batches (``finish_many``): workers put them on
-one pending deque and write it out when it holds ``FIN_BATCH`` messages or when they run out of
-messages, so a busy consumer writes many FINs per system call. ``on_pending`` (the consumer's
+one deque of held FINs and write it out when it holds ``FIN_BATCH`` messages or when they run out of
+messages, so a busy consumer writes many FINs per system call. ``on_held`` (the consumer's
 flusher) is told whenever a handler starts while FINs are held, and writes them out within
 ``FIN_HOLD`` seconds if no worker did: a handler that runs long never holds back the FINs of the
 messages before it. A consumer that is not busy writes each FIN as soon as its handler returns.
@@ -32,12 +32,12 @@ messages before it. A consumer that is not busy writes each FIN as soon as its h
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from nsq_sync import _fork
 from nsq_sync.errors import ConfigError, RequeueMessage
 from nsq_sync.message import Message
 from nsq_sync.runtime import Runtime, Task
@@ -49,7 +49,7 @@ _STOP = object()
 _WAKE = object()
 #: FINs held back before a worker writes them (one system call for all)
 FIN_BATCH = 512
-#: longest a FIN is held back while a handler runs, in seconds (enforced by ``on_pending``)
+#: longest a FIN is held back while a handler runs, in seconds (enforced by ``on_held``)
 FIN_HOLD = 0.002
 
 
@@ -75,7 +75,8 @@ class WorkerPool:
         giving_up: called with a message that used up its attempts (before it is finished).
         log: logger (a per-subscription adapter).
         is_stale: True for a message whose connection closed before it started (nsqd
-            redelivers it; running it would only produce a duplicate).
+            redelivers it; running it would only produce a duplicate). Default: its
+            connection is closed.
         on_skip: called for such a stale message.
         on_gave_up: called after the give-up handler took a message.
         on_fatal: called (on the worker) with a SystemExit/KeyboardInterrupt a handler raised,
@@ -83,8 +84,8 @@ class WorkerPool:
         on_failed: called when the handler raised (RequeueMessage aside).
         finish_many: finishes messages whose handler returned (already marked answered), in
             order; None finishes each with ``message.finish()`` at once.
-        on_pending: called when a worker starts a handler while FINs are held; it must make
-            sure :meth:`flush_pending` runs within ``FIN_HOLD`` seconds (workers also call it
+        on_held: called when a worker starts a handler while FINs are held; it must make
+            sure :meth:`flush_held` runs within ``FIN_HOLD`` seconds (workers also call it
             whenever they run out of messages).
     """
 
@@ -97,11 +98,11 @@ class WorkerPool:
         max_attempts: int,
         giving_up: GiveUpHandler | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
-        is_stale: Callable[[Message], bool],
+        is_stale: Callable[[Message], bool] = operator.attrgetter("_conn.closed"),
         on_skip: Callable[[Message], None],
         on_gave_up: Callable[[Message], None],
         finish_many: Callable[[list[Message]], None] | None = None,
-        on_pending: Callable[[], None] | None = None,
+        on_held: Callable[[], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         on_failed: Callable[[Message], None] | None = None,
     ) -> None:
@@ -115,7 +116,7 @@ class WorkerPool:
         self.on_skip = on_skip
         self.on_gave_up = on_gave_up
         self.finish_many = finish_many
-        self.on_pending = on_pending
+        self.on_held = on_held
         self.on_fatal = on_fatal
         self.on_failed = on_failed
         #: called before each message is handled (handler call or give-up); False: it is not,
@@ -124,7 +125,7 @@ class WorkerPool:
         self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
         # deques: append and popleft are atomic, so workers and the flusher share them lock-free
         self._messages: deque[Message] = deque()
-        self.pending: deque[Message] = deque()  # handled, FIN not written yet
+        self.held: deque[Message] = deque()  # handled, FIN not written yet
         self.tasks: list[Task] = []
         #: set when the consumer stops: messages not started yet are requeued, not handled
         self.stopping = False
@@ -133,9 +134,9 @@ class WorkerPool:
         for i in range(self.concurrency):
             self.tasks.append(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
 
-    def flush_pending(self) -> None:
+    def flush_held(self) -> None:
         """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
-        popleft = self.pending.popleft
+        popleft = self.held.popleft
         batch: list[Message] = []
         while True:
             try:
@@ -182,8 +183,8 @@ class WorkerPool:
         get = self.queue.get
         popleft = self._messages.popleft
         process = self._process
-        pending = self.pending
-        on_pending = self.on_pending
+        held = self.held
+        on_held = self.on_held
         message: Message | None = None
         try:
             while get() is not _STOP:
@@ -192,8 +193,8 @@ class WorkerPool:
                         message = popleft()
                     except IndexError:
                         break
-                    if pending and on_pending is not None:
-                        on_pending()  # FINs held while another handler runs: arm the backstop
+                    if held and on_held is not None:
+                        on_held()  # FINs held while another handler runs: arm the backstop
                     try:
                         to_finish = process(message)
                     except Exception:  # never let a worker die silently
@@ -206,11 +207,11 @@ class WorkerPool:
                         self.on_fatal(exc)
                         continue
                     if to_finish:
-                        pending.append(message)
-                        if len(pending) >= FIN_BATCH:
-                            self.flush_pending()
-                if pending:  # out of messages: nothing waits for a batch to fill
-                    self.flush_pending()
+                        held.append(message)
+                        if len(held) >= FIN_BATCH:
+                            self.flush_held()
+                if held:  # out of messages: nothing waits for a batch to fill
+                    self.flush_held()
         except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker
             self.log.error(
                 "worker stopped by %r while processing %r",
@@ -219,7 +220,7 @@ class WorkerPool:
                 exc_info=True,
             )
         finally:
-            self.flush_pending()
+            self.flush_held()
 
     def _process(self, message: Message) -> bool:
         """Run one message; True when it is to be finished by the caller (handler returned)."""
@@ -230,7 +231,7 @@ class WorkerPool:
             message.requeue(0.0, backoff=False)
             return False
         if 0 < self.max_attempts < message.attempts:
-            self._give_up(message)
+            self.give_up(message)
             return False
         try:
             self.handler(message)
@@ -255,7 +256,7 @@ class WorkerPool:
                     message.attempts,
                     self.max_attempts,
                 )
-                self._give_up(message)
+                self.give_up(message)
             else:
                 self.log.exception(
                     "handler failed on message %r (attempt %d); requeueing",
@@ -275,13 +276,13 @@ class WorkerPool:
         if self.finish_many is None:
             message.finish()
             return False
-        with _fork.claim_lock:  # an application thread may be answering it right now
-            if message._responded:
-                return False
-            message._responded = True  # claimed: finished with the worker's next batch
-        return True
+        # an application thread may be answering it right now: the first answer wins; claimed,
+        # it is finished with the worker's next batch
+        return message._claim(None)
 
-    def _give_up(self, message: Message) -> None:
+    def give_up(self, message: Message) -> None:
+        """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
+        handler raised: nothing is lost). BatchConsumer calls it for a failed batch."""
         try:
             if self.giving_up is not None:
                 self.giving_up(message)

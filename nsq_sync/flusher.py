@@ -4,10 +4,10 @@ Two kinds of work reach it:
 
 * FIN/REQ/TOUCH commands answered outside the batch path (``message.finish()`` called by the
   handler or from another thread) only join their connection's write buffer
-  (:meth:`~nsq_sync.connection.NsqdConnection.send_deferred`); :meth:`Flusher.schedule` wakes
-  the flusher, which writes every dirty connection in one system call each. While it writes,
+  (:meth:`~nsq_sync.connection.NsqdConnection.buffer`); :meth:`Flusher.schedule` wakes
+  the flusher, which writes every buffered connection in one system call each. While it writes,
   others keep appending, so under load each call carries many commands.
-* FINs the workers hold back for a batch (:attr:`~nsq_sync.dispatch.WorkerPool.pending`):
+* FINs the workers hold back for a batch (:attr:`~nsq_sync.dispatch.WorkerPool.held`):
   workers write them when a batch is full or when they run out of messages; :meth:`Flusher.watch`
   makes the flusher write them after ``hold`` seconds if no worker did (a long handler must not
   hold back the FINs of the messages before it).
@@ -28,9 +28,9 @@ class HeldAnswers(Protocol):
     """What the flusher needs of the worker pool."""
 
     @property
-    def pending(self) -> Any: ...
+    def held(self) -> Any: ...
 
-    def flush_pending(self) -> None: ...
+    def flush_held(self) -> None: ...
 
 
 class Flusher:
@@ -52,14 +52,14 @@ class Flusher:
         self.log = log
         self.hold = hold
         self._lock = runtime.lock()
-        self._dirty: list[Any] = []
+        self._buffered: list[Any] = []  # connections whose write buffer waits for a flush
         self._wakeup = runtime.event()
         self._stopped = False
         self._task: Any = None
         self._held: HeldAnswers | None = None
         # True while the flusher checks held FINs every ``hold`` seconds. Protocol: a worker
-        # appends to ``pending`` and then reads this flag; the flusher clears it and then reads
-        # ``pending``. Either the worker sees False (and wakes the flusher) or the flusher sees
+        # appends to ``held`` and then reads this flag; the flusher clears it and then reads
+        # ``held``. Either the worker sees False (and wakes the flusher) or the flusher sees
         # the new message (and keeps watching): a held FIN is never forgotten.
         self._watching = False
 
@@ -70,8 +70,8 @@ class Flusher:
     def schedule(self, conn: Any) -> None:
         """Make sure ``conn``'s buffered commands are written soon."""
         with self._lock:
-            self._dirty.append(conn)
-            first = len(self._dirty) == 1
+            self._buffered.append(conn)
+            first = len(self._buffered) == 1
         if first:
             self._wakeup.set()
 
@@ -88,25 +88,30 @@ class Flusher:
         if self._task is not None:
             self._task.join(timeout)
         if self._held is not None:
-            self._held.flush_pending()
+            self._held.flush_held()
         self._flush_all()
 
     def _run(self) -> None:
         while not self._stopped:
-            watching = self._watching
-            self._wakeup.wait(self.hold if watching else None)
-            self._wakeup.clear()
-            self._flush_all()
-            if watching and self._held is not None:
-                self._watching = False
-                if self._held.pending:
-                    self._watching = True  # written now; look again after the next hold
-                self._held.flush_pending()
+            self.step()
+
+    def step(self) -> None:
+        """One round of the task: sleep until woken (or ``hold`` seconds while watching held
+        FINs), then write every buffered connection, and the held FINs when watching."""
+        watching = self._watching
+        self._wakeup.wait(self.hold if watching else None)
+        self._wakeup.clear()
+        self._flush_all()
+        if watching and self._held is not None:
+            self._watching = False
+            if self._held.held:
+                self._watching = True  # written now; look again after the next hold
+            self._held.flush_held()
 
     def _flush_all(self) -> None:
         with self._lock:
-            dirty, self._dirty = self._dirty, []
-        for conn in dict.fromkeys(dirty):  # each connection once, in order
+            buffered, self._buffered = self._buffered, []
+        for conn in dict.fromkeys(buffered):  # each connection once, in order
             try:
                 conn.flush()
             except NSQConnectionError as exc:

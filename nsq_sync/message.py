@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nsq_sync import _fork
 from nsq_sync.config import to_seconds
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nsq_sync.connection import NsqdConnection
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class Responder(Protocol):
-    """What a message answers through (the consumer). Implementations are thread-safe."""
+    """What a message answers through (a consumer's
+    :class:`~nsq_sync.responder.ConsumerResponder`). Implementations are thread-safe."""
 
     def finish(self, message: Message) -> None: ...
 
@@ -61,7 +65,7 @@ class Message:
         attempts: int,
         responder: Responder | None = None,
         nsqd_address: str = "",
-        conn: object = None,
+        conn: NsqdConnection | None = None,
     ) -> None:
         self.id = id
         self.body = body
@@ -71,6 +75,7 @@ class Message:
         self._responder = responder
         self._responded = False
         self._async = False
+        #: the connection it came on (its FIN/REQ/TOUCH go back there); read by the responder
         self._conn = conn
 
     def __repr__(self) -> str:
@@ -94,14 +99,17 @@ class Message:
         than nsqd's msg_timeout."""
         self._async = True
 
-    def _claim(self, what: str) -> bool:
+    def _claim(self, what: str | None) -> bool:
+        """Take the right to answer: True for the first caller only. ``what`` names the answer
+        for the debug log of a later one (None: no log; the worker's automatic FIN, whose
+        loser is an application thread that answered first)."""
         with _fork.claim_lock:
             if self._responded:
                 claimed = False
             else:
                 self._responded = True
                 claimed = True
-        if not claimed:
+        if not claimed and what is not None:
             log.debug("%s ignored: message %r already answered", what, self.id)
         return claimed
 

@@ -227,10 +227,6 @@ class RDYManager:
         self._done(key)
         return self._result(success=False) if backoff else []
 
-    def on_in_flight_lost(self, key: Hashable) -> None:
-        """A message was neither finished nor requeued through us (its connection closed)."""
-        self._done(key)
-
     def set_max_in_flight(self, max_in_flight: int) -> list[Action]:
         """Change the total credit at run time; 0 pauses (RDY 0 everywhere)."""
         self.max_in_flight = max_in_flight

@@ -223,14 +223,14 @@ def run_idle(job, result):
     consumer.start()
     # wait for the connections (a busy machine takes longer), then let them settle
     deadline = time.monotonic() + 30.0
-    while len(consumer.connections) < len(nsqds) and time.monotonic() < deadline:
+    while len(consumer.stats().connections) < len(nsqds) and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(job["settle_s"])
-    connected = len(consumer.connections)
+    connected = len(consumer.stats().connections)
     cpu0, t0 = _common.cpu_seconds(), time.monotonic()
     time.sleep(job["window_s"])
     cpu1, t1 = _common.cpu_seconds(), time.monotonic()
-    connected_end = len(consumer.connections)
+    connected_end = len(consumer.stats().connections)
     consumer.stop(timeout=5.0)
     result.update(
         ok=connected == len(nsqds) and connected_end == len(nsqds),
@@ -257,12 +257,12 @@ def run_rss(job, result):
     )
     consumer.start()
     deadline = _common.Deadline(job["timeout_s"])
-    while len(consumer.connections) < len(nsqds) and not deadline.expired():
+    while len(consumer.stats().connections) < len(nsqds) and not deadline.expired():
         time.sleep(0.05)
     connected_after = job["timeout_s"] - deadline.remaining()
     time.sleep(job["settle_s"])
     rss1 = _common.rss_kb()
-    connected = len(consumer.connections)
+    connected = len(consumer.stats().connections)
     threads = _common.thread_count()
     time.sleep(job.get("hold_s", 0))
     consumer.stop(timeout=5.0)

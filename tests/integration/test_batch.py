@@ -219,14 +219,14 @@ def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(
     the batch in flight until its timeout. The write is slowed down here to widen that gap."""
     client = prepare_channel(nsqd, nsq_topic, CHANNEL, 4)
     consumer = make(nsqd, nsq_topic, Batches(), batch_size=4, batch_timeout=5.0)
-    inner = consumer._consumer
-    write = inner._write_answers
+    responder = consumer._machinery.responder
+    write = responder._write
 
     def slow_write(*args: Any, **kwargs: Any) -> None:
         time.sleep(0.3)
         write(*args, **kwargs)
 
-    inner._write_answers = slow_write  # type: ignore[method-assign]
+    responder._write = slow_write  # type: ignore[method-assign]
     summary = consumer.run(max_messages=4, timeout=60.0)
     assert summary.finished == 4
     stats = settled_channel(client, nsq_topic, CHANNEL)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from support.nsq import bounded
+from support.nsq import bounded, connected_addresses
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
@@ -169,7 +169,7 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
     )
     consumer.start()
     assert started.wait(TIMEOUT)
-    conn = consumer._conns[nsqd.tcp_address]
+    conn = consumer._conns.conns[nsqd.tcp_address]
     wait_for(lambda: handler.handled == 1, "the slow message handled", timeout=15)
     wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     assert handler.calls == 1 and handler.attempts == [1]
@@ -177,7 +177,7 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
     assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
     assert stats["message_count"] == 1
     # the same connection, still alive: heartbeats kept it open while the handler ran
-    assert consumer._conns.get(nsqd.tcp_address) is conn
+    assert consumer._conns.conns.get(nsqd.tcp_address) is conn
     assert not conn.closed
     assert stats["client_count"] == 1
 
@@ -235,7 +235,7 @@ def test_reconnects_after_nsqd_restart(
     )
     consumer.start()
     wait_for(lambda: handler.handled == 10, "the first 10 messages")
-    first = consumer._conns[nsqd.tcp_address]
+    first = consumer._conns.conns[nsqd.tcp_address]
     wait_for(lambda: drained(client, nsq_topic), "the first batch finished on nsqd")
 
     nsqd.restart()
@@ -244,7 +244,7 @@ def test_reconnects_after_nsqd_restart(
     client.mpub(nsq_topic, bodies(20, "after"))
 
     def reconnected() -> bool:
-        conn = consumer._conns.get(nsqd.tcp_address)
+        conn = consumer._conns.conns.get(nsqd.tcp_address)
         return conn is not None and conn is not first and not conn.closed
 
     wait_for(reconnected, "a new connection to the restarted nsqd")
@@ -314,10 +314,10 @@ def test_stop_is_idempotent_and_final(
     prepare(nsqd, nsq_topic)
     consumer = consumers(nsq_topic, CHANNEL, Recorder(), nsqd_tcp_addresses=nsqd.tcp_address)
     consumer.start()
-    wait_for(lambda: consumer.connections, "a connection")
+    wait_for(lambda: connected_addresses(consumer), "a connection")
     assert consumer.stop(timeout=5.0) is True
     assert consumer.stop(timeout=5.0) is True
-    assert consumer.connections == []
+    assert connected_addresses(consumer) == []
     from nsq_sync.errors import Stopped
 
     with pytest.raises(Stopped):
@@ -669,6 +669,6 @@ def test_wait_connected_and_configuration_errors_are_logged_as_errors(
     right.start()
     try:
         assert right.wait_connected(timeout=10.0)
-        assert right.connections == [nsqd.tcp_address]
+        assert connected_addresses(right) == [nsqd.tcp_address]
     finally:
         right.stop(5.0)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from support.nsq import bounded
+from support.nsq import bounded, connected_addresses
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
@@ -119,13 +119,15 @@ def test_discovers_two_nsqds_and_one_that_joins_later(
     consumer.start()
     wait_for(lambda: handler.handled == 40, "40 messages from the first two nsqds")
     assert handler.by_address() == {first.tcp_address: 20, second.tcp_address: 20}
-    assert consumer.connections == sorted([first.tcp_address, second.tcp_address])
+    assert connected_addresses(consumer) == sorted([first.tcp_address, second.tcp_address])
 
     # a third nsqd joins mid-run: the next lookupd poll finds it
     third = nsqd_factory(lookupd=cluster.lookupd)
     clients.append(publish(third, nsq_topic, 15, "c"))
     wait_listed(cluster.lookupd, nsq_topic, [third])
-    wait_for(lambda: third.tcp_address in consumer.connections, "a connection to the new nsqd")
+    wait_for(
+        lambda: third.tcp_address in connected_addresses(consumer), "a connection to the new nsqd"
+    )
     wait_for(lambda: handler.handled == 55, "the new nsqd's messages")
     assert handler.by_address()[third.tcp_address] == 15
     for client in clients:
@@ -232,13 +234,14 @@ def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
         )
     polls = consumer._discovery.polls
     wait_for(lambda: consumer._discovery.polls >= polls + 2, "two lookupd polls")
-    assert consumer.connections == sorted([kept.tcp_address, dropped.tcp_address])
+    assert connected_addresses(consumer) == sorted([kept.tcp_address, dropped.tcp_address])
     dropped_client.mpub(nsq_topic, [b"d-after-%d" % i for i in range(5)])
     wait_for(lambda: handler.handled == 25, "the tombstoned nsqd's new messages")
 
     dropped.stop()
     wait_for(
-        lambda: consumer.connections == [kept.tcp_address], "the stopped nsqd's connection gone"
+        lambda: connected_addresses(consumer) == [kept.tcp_address],
+        "the stopped nsqd's connection gone",
     )
     polls = consumer._discovery.polls
     wait_for(lambda: consumer._discovery.polls >= polls + 2, "two more lookupd polls")
@@ -248,7 +251,7 @@ def test_nsqd_dropped_by_lookupd_keeps_its_live_connection_and_is_not_redialled(
         if "cannot connect to nsqd " + dropped.tcp_address in r.getMessage()
     ]
     assert redials == [], "an nsqd no lookupd lists was dialled again"
-    assert consumer.connections == [kept.tcp_address]
+    assert connected_addresses(consumer) == [kept.tcp_address]
     kept_client.mpub(nsq_topic, [b"k-after-%d" % i for i in range(10)])
     wait_for(lambda: handler.handled == 35, "the kept nsqd's new messages")
     wait_for(lambda: drained(kept_client, nsq_topic), "the kept channel empty")
@@ -292,5 +295,5 @@ def test_lookupd_restart_keeps_every_nsqd_connection(
         assert lookupd.lookup(nsq_topic) == []
     client.mpub(nsq_topic, [b"after%d" % i for i in range(10)])
     wait_for(lambda: handler.handled == 20, "messages published after the restart", timeout=5.0)
-    assert consumer.connections == [nsqd.tcp_address]
+    assert connected_addresses(consumer) == [nsqd.tcp_address]
     assert channel(client, nsq_topic)["client_count"] == 1

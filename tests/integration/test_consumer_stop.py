@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.fake_nsqd import FakeNsqd
 from support.fault_proxy import FaultProxy
-from support.nsq import bounded
+from support.nsq import bounded, connected_addresses
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
@@ -95,7 +95,7 @@ def test_stop_from_a_handler_finishes_its_message_and_run_returns(
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0
     assert stats["message_count"] == 1
     assert consumer.stats().finished == 1
-    assert consumer.connections == []
+    assert connected_addresses(consumer) == []
     wait_for(
         lambda: channel(client, nsq_topic)["client_count"] == 0, "nsqd to see the client leave"
     )
@@ -132,7 +132,7 @@ def test_concurrent_stop_calls_each_wait_for_the_stop(
     first.join(TIMEOUT)
     assert results == [True]
     assert consumer.stop(timeout=1.0) is True
-    assert consumer.connections == []
+    assert connected_addresses(consumer) == []
     stats = channel(client, nsq_topic)
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["requeue_count"] == 0
 

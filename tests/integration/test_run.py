@@ -9,7 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, free_closed_port, prepare_channel, settled_channel
+from support.nsq import (
+    bounded,
+    connected_addresses,
+    free_closed_port,
+    prepare_channel,
+    settled_channel,
+)
 
 from nsq_sync import Consumer, Message, RequeueMessage, RunSummary
 from nsq_sync.errors import ConfigError
@@ -180,7 +186,7 @@ def test_bad_run_arguments_raise_before_anything_starts(
     consumer = make(nsqd, nsq_topic, Handled())
     with pytest.raises(ConfigError, match=name):
         consumer.run(**kwargs)
-    assert consumer.connections == []
+    assert connected_addresses(consumer) == []
     consumer.start()
     consumer.stop(5.0)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.nsq import connected_addresses
 
 from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
 
@@ -100,8 +101,8 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     consumer.start()
     wait_for(lambda: tally.covers(published), "the warm-up messages")
     expected = sorted(n.tcp_address for n in cluster.nsqds)
-    assert consumer.connections == expected
-    before = {id(c) for c in consumer._conns.values()}
+    assert connected_addresses(consumer) == expected
+    before = {id(c) for c in consumer._conns.conns.values()}
 
     bodies = make_bodies(scaled(6000), "paced")
     publisher = Paced(urls, nsq_topic, bodies, batch=20, interval=0.02)
@@ -114,7 +115,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
         cluster.lookupd.restart()
         restarts += 1
         wait_for(lambda: consumer._discovery.polls >= polls + 3, "three polls after the restart")  # noqa: B023
-        assert consumer.connections == expected
+        assert connected_addresses(consumer) == expected
     publisher.thread.join(120.0)
     assert publisher.error is None, publisher.error
     published += bodies
@@ -125,7 +126,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     # backlog drains, so a stall shows as one long gap wherever it fell)
     window = [t_first, *sorted(t for t in handled_at if t >= t_first)]
     gap = max(b - a for a, b in zip(window, window[1:]))
-    closed = len(before - {id(c) for c in consumer._conns.values()})
+    closed = len(before - {id(c) for c in consumer._conns.conns.values()})
     lost = tally.lost(published)
     record_figures(
         record_property,

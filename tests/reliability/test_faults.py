@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from support.fault_proxy import FaultProxy
+from support.nsq import connected_addresses
 
 from nsq_sync import Consumer, LookupdClient, NsqdHTTPClient, Producer
 from nsq_sync.errors import NSQError, ReadTimeout
@@ -87,7 +88,7 @@ def test_cut_every_two_seconds_loses_nothing(
 
         def cutter() -> None:
             while not done.wait(2.0):  # the fault schedule, not a synchronisation
-                old = list(consumer._conns.values())
+                old = list(consumer._conns.conns.values())
                 t = time.monotonic()
                 if proxy.cut():
                     faults.append((t, old))
@@ -194,8 +195,8 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
             interval=0.002,
         )
         handled_at.append(tally.unique)
-        wait_for(lambda: consumer.connections, "a connection to restart")
-        old = list(consumer._conns.values())
+        wait_for(lambda: connected_addresses(consumer), "a connection to restart")
+        old = list(consumer._conns.conns.values())
         t_fault = time.monotonic()
         nsqd.restart()
         restarts_s.append(time.monotonic() - t_fault)
@@ -256,7 +257,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
         timeout=60.0,
         interval=0.005,
     )
-    old = list(consumer._conns.values())
+    old = list(consumer._conns.conns.values())
     t_fault = time.monotonic()
     nsqd.kill()
     wait_for(lambda: all(c.closed for c in old), "the consumer to see the kill")
@@ -267,7 +268,9 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     calls_before = tally.handled
     received_before = consumer.stats().received
     nsqd.restart()
-    wait_for(lambda: consumer.connections == [nsqd.tcp_address], "the consumer reconnected")
+    wait_for(
+        lambda: connected_addresses(consumer) == [nsqd.tcp_address], "the consumer reconnected"
+    )
     kept = channel_stats(nsqd.http_url, nsq_topic)
     assert kept["in_flight_count"] == 0 and kept["deferred_count"] == 0, kept
     depth = kept["depth"]
@@ -343,7 +346,7 @@ def test_stalled_connection_is_detected_and_replaced(
         )
         consumer.start()
         wait_for(lambda: tally.unique >= n // 4, "consumption under way")
-        [old] = list(consumer._conns.values())
+        [old] = list(consumer._conns.conns.values())
         t_fault = time.monotonic()
         proxy.stall()
         wait_for(lambda: old.closed, "the stalled connection dropped", timeout=10.0, interval=0.01)
@@ -352,7 +355,7 @@ def test_stalled_connection_is_detected_and_replaced(
         # While stalled, reconnects through the proxy cannot complete their handshake.
         handled_while_stalled = tally.handled
         wait_for(lambda: proxy.accepted >= 2, "a reconnect attempt through the stalled proxy")
-        assert consumer.connections == []
+        assert connected_addresses(consumer) == []
         t_resume = time.monotonic()
         proxy.resume()
         release.set()
@@ -443,12 +446,16 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
                 "lookupd to list the new nsqd",
             )
         wait_for(lambda: proxy.accepted >= accepted + 4, "more polls failing")
-        assert consumer.connections == [first.tcp_address], "known nsqd kept, new one unknown"
+        assert connected_addresses(consumer) == [first.tcp_address], (
+            "known nsqd kept, new one unknown"
+        )
         outage_s = time.monotonic() - t_fault
         proxy.resume()
         t_back = time.monotonic()
         wait_for(
-            lambda: second.tcp_address in consumer.connections, "the new nsqd found", timeout=10.0
+            lambda: second.tcp_address in connected_addresses(consumer),
+            "the new nsqd found",
+            timeout=10.0,
         )
         found_s = time.monotonic() - t_back
         wait_for(lambda: tally.covers(published), f"all {len(published)} messages", 30.0)

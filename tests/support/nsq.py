@@ -50,6 +50,11 @@ def wait_for(
         time.sleep(interval)
 
 
+def connected_addresses(consumer: Any) -> list[str]:
+    """The nsqd addresses a Consumer is connected to now, sorted (from its stats)."""
+    return sorted(c.address for c in consumer.stats().connections)
+
+
 def waitpid(pid: int, timeout: float) -> int:
     """Wait for a forked child to exit (its exit code); kill it and fail after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -5,7 +5,7 @@ messages and stops it: ``stop`` queues one stop marker per worker behind the mes
 returns every submitted message has been processed.
 
 Every test runs twice: with FINs one by one (``message.finish()``), and batched as the consumer
-runs the pool (``finish_many`` plus a real Flusher as the ``on_pending`` backstop).
+runs the pool (``finish_many`` plus a real Flusher as the ``on_held`` backstop).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Harness:
             on_skip=lambda message: self.events.append(("skip", message.id)),
             on_gave_up=lambda message: self.events.append(("gave_up", message.id)),
             finish_many=self._finish_many if self.batched else None,
-            on_pending=self.flusher.watch if self.batched else None,
+            on_held=self.flusher.watch if self.batched else None,
         )
         self._n = 0
 
@@ -352,7 +352,7 @@ def test_many_messages_on_many_workers_are_each_answered_once() -> None:
             else ("finish", m.id)
         )
         assert by_id[m.id] == expected
-    assert not h.pool.pending  # nothing held back
+    assert not h.pool.held  # nothing held back
 
 
 def test_drain_returns_queued_messages_that_did_not_start() -> None:

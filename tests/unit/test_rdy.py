@@ -8,6 +8,7 @@ before the matching decrease would briefly hand out more credit than ``max_in_fl
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Hashable
 from typing import Any
@@ -19,7 +20,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 
@@ -783,11 +783,13 @@ class RDYMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
         self.wire.tick()
 
-    @precondition(lambda self: self.m.next_deadline() is not None)
     @rule()
     def tick_at_deadline(self) -> None:
+        # a no-op without a deadline (not a precondition: hypothesis would redraw rules until
+        # one is enabled, which made this machine ~10x slower)
         deadline = self.m.next_deadline()
-        assert deadline is not None
+        if deadline is None:
+            return
         self.clock.jump_to(deadline)
         self.wire.tick()
 
@@ -834,9 +836,11 @@ class RDYMachine(RuleBasedStateMachine):
 
 
 TestRDYMachine = RDYMachine.TestCase
+# Sized for the unit layer's budget (under 5 s for all of tests/unit): ~0.5 s here. Set
+# NSQ_SYNC_RDY_EXAMPLES (e.g. 2000) for a deeper search when changing rdy.py.
 TestRDYMachine.settings = settings(
-    max_examples=300,
-    stateful_step_count=60,
+    max_examples=int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "40")),
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

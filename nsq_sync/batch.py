@@ -240,11 +240,11 @@ class BatchConsumer:
         if wake:
             self._wake.set()
 
-    def _cannot_grow(self, held: int) -> bool:
+    def _cannot_grow(self, in_batches: int) -> bool:
         """True when no more messages can join the open batch: no credit left, and every message
-        in flight is held by the batches (none is still on its way to ``_collect``)."""
+        in flight is in the batches (none is still on its way to ``_collect``)."""
         credit_left, in_flight, _ = self._machinery.connections.credit()
-        return credit_left == 0 and in_flight <= held
+        return credit_left == 0 and in_flight <= in_batches
 
     def _batches(self) -> None:
         while True:
@@ -252,7 +252,7 @@ class BatchConsumer:
             wait: float | None = None
             with self._lock:
                 count = len(self._open)
-                held = count + self._busy
+                in_batches = count + self._busy
                 if count == 0:
                     if self._closing:
                         return
@@ -267,7 +267,7 @@ class BatchConsumer:
                 if conns.stopping and conns.in_flight() == 0:
                     return
                 wait = POLL
-            if not batch and count and self._cannot_grow(held):
+            if not batch and count and self._cannot_grow(in_batches):
                 with self._lock:
                     batch = self._take()
             if batch:

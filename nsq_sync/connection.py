@@ -380,7 +380,7 @@ class NsqdConnection:
                 waiter.event = self.runtime.signal()
             else:
                 self._reading = waiter.reader = True
-            # pending order == write order: both happen under _request_lock
+            # waiter order == write order: both happen under _request_lock
             self._waiters.append(waiter)
             write = self._transport.enqueue(data)
         if write:

@@ -329,7 +329,7 @@ class RDYManager:
         zeroed = {k for k, _ in actions}
         for key in chosen:
             if key in zeroed:
-                # it keeps its credit: drop the pending RDY 0 instead of sending 0 then 1
+                # it keeps its credit: drop the RDY 0 decided above instead of sending 0 then 1
                 actions = [a for a in actions if a[0] != key]
                 self._set(key, 1)
             else:

@@ -44,8 +44,6 @@ __all__ = ["RunSummary", "run_to_end"]
 #: longest gap between two looks at the consumer's state while an end needs watching, in seconds
 POLL = 0.05
 
-REASONS = ("stopped", "signal", "timeout", "idle", "max_messages")
-
 
 @dataclass(frozen=True)
 class RunSummary:

@@ -134,7 +134,7 @@ class LookupdClient(HTTPClientBase):
 
     Thread-safety: requests does not promise that a ``Session`` is thread-safe. Simple concurrent
     calls on one client work in practice (urllib3's connection pool is thread-safe), but the
-    supported pattern is one client per thread (a poller thread owns its own); clients are cheap.
+    supported pattern is one client per thread (each discovery query makes its own); clients are cheap.
     Safe to use after ``fork()``: a client that owns its session opens new connections in the
     child.
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.fake_nsqd import FakeNsqd
 from support.fault_proxy import FaultProxy
-from support.nsq import bounded, connected_addresses
+from support.nsq import bounded, connected_addresses, settled_channel
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
@@ -90,7 +90,8 @@ def test_stop_from_a_handler_finishes_its_message_and_run_returns(
     elapsed = time.monotonic() - started
     assert "error" not in outcome, outcome
     assert outcome["stop"] is False  # documented: the handler cannot wait for itself
-    stats = channel(client, nsq_topic)
+    # nsqd reads the last FIN (then the close) a moment after run() returned
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0
     assert stats["message_count"] == 1
@@ -133,7 +134,7 @@ def test_concurrent_stop_calls_each_wait_for_the_stop(
     assert results == [True]
     assert consumer.stop(timeout=1.0) is True
     assert connected_addresses(consumer) == []
-    stats = channel(client, nsq_topic)
+    stats = settled_channel(client, nsq_topic, CHANNEL)
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["requeue_count"] == 0
 
 

@@ -33,6 +33,7 @@ from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame
 from nsq_sync.rdy import Action, RDYManager
 from nsq_sync.runtime import Runtime, Task
+from nsq_sync.stats import ConnectionStats, ConsumerStats
 
 __all__ = ["COUNTERS", "ConnectionSet"]
 
@@ -105,6 +106,26 @@ class ConnectionSet:
         run() judges idleness by and BatchConsumer closes batches by."""
         with self.lock:
             return self.rdy.credit_left(), self.in_flight(), self.counts["received"]
+
+    def snapshot(self) -> ConsumerStats:
+        """The consumer's stats, taken under one lock (consistent with each other)."""
+        with self.lock:
+            rdy = self.rdy
+            table = self.conns
+            return ConsumerStats(
+                connections=[
+                    ConnectionStats(addr, st.rdy, st.in_flight, table[addr].messages_received)
+                    for addr, st in rdy.conns.items()
+                    if addr in table
+                ],
+                max_in_flight=rdy.max_in_flight,
+                total_rdy=rdy.total_rdy,
+                in_flight=self.in_flight(),
+                backoff_level=rdy.backoff_level,
+                in_backoff=rdy.in_backoff,
+                is_starved=rdy.is_starved(),
+                **self.counts,
+            )
 
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``what`` (one of :data:`COUNTERS`)."""

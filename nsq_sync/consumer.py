@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync import _fork
@@ -36,37 +36,11 @@ from nsq_sync.rdy import RDYManager
 from nsq_sync.responder import ConsumerResponder
 from nsq_sync.running import RunSummary, run_to_end
 from nsq_sync.runtime import Runtime, patched_after, resolve_runtime
+from nsq_sync.stats import ConnectionStats, ConsumerStats
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ConnectionStats", "Consumer", "ConsumerParts", "ConsumerStats", "PartsUser"]
-
-
-@dataclass(frozen=True)
-class ConnectionStats:
-    address: str
-    rdy: int
-    in_flight: int
-    messages_received: int
-
-
-@dataclass(frozen=True)
-class ConsumerStats:
-    """A snapshot of a consumer's state (see :meth:`Consumer.stats`)."""
-
-    connections: list[ConnectionStats] = field(default_factory=list)
-    max_in_flight: int = 0
-    total_rdy: int = 0
-    in_flight: int = 0
-    received: int = 0
-    finished: int = 0
-    requeued: int = 0  # every REQ sent: after failures, by message.requeue(), at stop
-    failed: int = 0  # handler calls that raised (RequeueMessage aside)
-    gave_up: int = 0
-    skipped: int = 0
-    backoff_level: int = 0
-    in_backoff: bool = False
-    is_starved: bool = False
 
 
 @dataclass(frozen=True)
@@ -459,25 +433,7 @@ class Consumer:
 
     def stats(self) -> ConsumerStats:
         """A consistent snapshot of connections, RDY, in-flight and counters."""
-        conns = self._conns
-        with conns.lock:
-            rdy = conns.rdy
-            table = conns.conns
-            connections = [
-                ConnectionStats(addr, st.rdy, st.in_flight, table[addr].messages_received)
-                for addr, st in rdy.conns.items()
-                if addr in table
-            ]
-            return ConsumerStats(
-                connections=connections,
-                max_in_flight=rdy.max_in_flight,
-                total_rdy=rdy.total_rdy,
-                in_flight=conns.in_flight(),
-                backoff_level=rdy.backoff_level,
-                in_backoff=rdy.in_backoff,
-                is_starved=rdy.is_starved(),
-                **conns.counts,
-            )
+        return self._conns.snapshot()
 
     def wait_connected(self, timeout: float | None = None) -> bool:
         """Block until at least one nsqd connection is subscribed (cron jobs and tests use

@@ -839,8 +839,8 @@ TestRDYMachine = RDYMachine.TestCase
 # Sized for the unit layer's budget (under 5 s for all of tests/unit): ~0.5 s here. Set
 # NSQ_SYNC_RDY_EXAMPLES (e.g. 2000) for a deeper search when changing rdy.py.
 TestRDYMachine.settings = settings(
-    max_examples=int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "40")),
-    stateful_step_count=50,
+    max_examples=int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "30")),
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

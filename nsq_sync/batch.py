@@ -150,13 +150,20 @@ class BatchConsumer:
         """
         self._consumer.start()  # decides the runtime (the parts are attached again if it changed)
         if self._task is None:
+            # the task waits until it is known as the batch task and as one of the pool's tasks:
+            # messages may already be arriving, and a handle_batch that calls stop() must be
+            # recognised as running on it (else stop() would try to join its own task)
+            known = self.runtime.event()
             self._task = self.runtime.spawn(
-                self._batches, name=f"nsq_sync-batches-{self.topic}/{self.channel}"
+                self._batches_once_known,
+                known,
+                name=f"nsq_sync-batches-{self.topic}/{self.channel}",
             )
             # one of the pool's tasks: the consumer's stop joins it (after the last message
             # in flight was answered) before it closes the connections, so the batch task's
             # last FINs and REQs are written, not cut off
             self._machinery.pool.tasks.append(self._task)
+            known.set()
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
@@ -245,6 +252,10 @@ class BatchConsumer:
         in flight is in the batches (none is still on its way to ``_collect``)."""
         credit_left, in_flight, _ = self._machinery.connections.credit()
         return credit_left == 0 and in_flight <= in_batches
+
+    def _batches_once_known(self, known: Any) -> None:
+        known.wait()
+        self._batches()
 
     def _batches(self) -> None:
         while True:

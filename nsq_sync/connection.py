@@ -372,20 +372,20 @@ class NsqdConnection:
                 outcome is unknown).
         """
         waiter = _Waiter()
-        consumer_mode = self._reader is not None
         with self._request_lock:
-            if self.closed or self._transport is None:
+            transport = self._transport
+            if self.closed or transport is None:
                 raise NotSent("connection is closed", self.address, by_server=False)
-            if consumer_mode or self._reading:
+            if self._reader is not None or self._reading:
                 waiter.event = self.runtime.signal()
             else:
                 self._reading = waiter.reader = True
             # waiter order == write order: both happen under _request_lock
             self._waiters.append(waiter)
-            write = self._transport.enqueue(data)
+            write = transport.enqueue(data)
         if write:
             try:
-                self._transport.drain()
+                transport.drain()
             except ConnectionClosed:
                 # nsqd closed or reset the connection (typically right after a fatal error
                 # frame). Answers it sent before that may still be unread: stop writing, but
@@ -416,6 +416,25 @@ class NsqdConnection:
         assert transport is not None
         decoder = self._decoder
         try:
+            if not waiter.done and not decoder.buffered:
+                # The common case first, without the decoder: one read brings one whole OK,
+                # the answer to the oldest request (what decoding it would do). Anything else
+                # goes to the loop below.
+                data = None
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    try:
+                        data = transport.recv(remaining)
+                    except ReadTimeout:
+                        if time.monotonic() >= deadline:
+                            raise
+                        # (the socket's timeout may be shorter than ours: the loop retries)
+                if data == _OK_FRAME:
+                    self._answer(OK, None)
+                elif data is not None:
+                    if not data:
+                        raise ConnectionClosed("nsqd closed the connection", self.address)
+                    decoder.receive_data(data)
             while not waiter.done:
                 event = decoder.next_event()
                 if event is NEED_DATA:

@@ -317,7 +317,9 @@ class Producer:
                 conn: NsqdConnection | None = None
                 sent = False
                 try:
-                    conn = self._connection(slot, deadline)
+                    conn = slot.conn
+                    if conn is None or conn.closed:
+                        conn = self._connection(slot, deadline)
                     sent = True
                     answer = conn.request(data, max(0.001, deadline - time.monotonic()))
                     if answer != OK:

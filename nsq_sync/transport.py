@@ -193,6 +193,8 @@ class Transport:
             if not timeout * 0.5 <= current <= timeout * 1.1:
                 self._rtimeout = current = max(timeout, 0.0001)
                 self._set_timeout(self._rsock, current)
+        if self._tls is None and self._codec is None:
+            return self._recv_raw()
         while True:
             raw = self._recv_raw()
             if not raw:
@@ -259,17 +261,25 @@ class Transport:
         answers would no longer match the commands). Commands buffered by other tasks are
         dropped with it; the owner of the connection fails everything waiting on it.
         """
+        buf = self._buf
+        buf_lock = self._buf_lock
         try:
             while True:
-                with self._buf_lock:
-                    buf = self._buf
+                with buf_lock:
                     if not buf:
                         self._writing = False
                         return
                     data = buf[0] if len(buf) == 1 else b"".join(buf)
                     buf.clear()
-                with self._write_lock:
-                    self._send_locked(data)
+                if self._tls is None:
+                    # Plain TCP: the writer role alone orders the writes (_write_lock only
+                    # keeps the TLS reader's own writes out of the middle of a record).
+                    if self._codec is not None:
+                        data = self._codec.compress(data)
+                    self._send_raw(data)
+                else:
+                    with self._write_lock:
+                        self._send_locked(data)
         except BaseException as exc:
             if not isinstance(exc, ConnectionClosed):
                 # (ConnectionClosed: the peer closed or reset it, so every later write fails

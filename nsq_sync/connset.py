@@ -28,7 +28,7 @@ from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import Discovery
 from nsq_sync.errors import AuthError, NSQConnectionError, ProtocolError, ServerError, TLSError
-from nsq_sync.message import Message, Responder
+from nsq_sync.message import Message, Responder, from_frames
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame
 from nsq_sync.rdy import Action, RDYManager
@@ -233,12 +233,7 @@ class ConnectionSet:
     # ------------------------------------------------------------------ reader tasks
 
     def on_messages(self, conn: NsqdConnection, frames: list[MessageFrame]) -> None:
-        address = conn.address
-        responder = self.responder
-        messages = [
-            Message(msg_id, body, timestamp, attempts, responder, address, conn)
-            for msg_id, timestamp, attempts, body in frames
-        ]
+        messages = from_frames(frames, self.responder, conn.address, conn)
         n = len(messages)
         with self.lock:
             self.counts["received"] += n

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from nsq_sync import _fork
 from nsq_sync.errors import ConfigError, RequeueMessage
 from nsq_sync.message import Message
 from nsq_sync.runtime import Runtime, Task
@@ -276,9 +277,14 @@ class WorkerPool:
         if self.finish_many is None:
             message.finish()
             return False
-        # an application thread may be answering it right now: the first answer wins; claimed,
-        # it is finished with the worker's next batch
-        return message._claim(None)
+        # An application thread may be answering it right now: the first answer wins; claimed,
+        # it is finished with the worker's next batch (Message._claim(None), inline: once per
+        # message on the worker's hot path).
+        with _fork.claim_lock:
+            if message._responded:
+                return False
+            message._responded = True
+        return True
 
     def give_up(self, message: Message) -> None:
         """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from nsq_sync import _fork
@@ -10,6 +11,7 @@ from nsq_sync.config import to_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.connection import NsqdConnection
+    from nsq_sync.protocol.events import MessageFrame
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +137,32 @@ class Message:
         """TOUCH: reset nsqd's timeout for this message (it stays in flight longer)."""
         if not self._responded and self._responder is not None:
             self._responder.touch(self)
+
+
+def from_frames(
+    frames: Iterable[MessageFrame],
+    responder: Responder | None,
+    nsqd_address: str,
+    conn: NsqdConnection | None,
+) -> list[Message]:
+    """The :class:`Message` of every frame of one read (the reader task's hot path).
+
+    What ``Message(...)`` does, attribute by attribute, without a Python ``__init__`` call per
+    message (about a quarter of the cost of building one); keep it in step with ``__init__``.
+    """
+    new = Message.__new__
+    messages: list[Message] = []
+    append = messages.append
+    for msg_id, timestamp, attempts, body in frames:
+        message = new(Message)
+        message.id = msg_id
+        message.body = body
+        message.timestamp = timestamp
+        message.attempts = attempts
+        message.nsqd_address = nsqd_address
+        message._responder = responder
+        message._responded = False
+        message._async = False
+        message._conn = conn
+        append(message)
+    return messages

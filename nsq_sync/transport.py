@@ -8,7 +8,9 @@ under ``_tls_lock``, while the blocking socket reads and writes happen outside i
 The socket is duplicated so the reading side has ``read_timeout`` and the writing side
 ``write_timeout`` (Python sockets carry a single timeout).
 
-Lock order: ``_write_lock`` before ``_tls_lock``.
+Lock order: ``_write_lock`` before ``_tls_lock``. Writes go through one writer at a time (the
+role taken under ``_buf_lock``); ``_write_lock`` only matters under TLS, where the reader task
+writes too (a key update's answer).
 """
 
 from __future__ import annotations

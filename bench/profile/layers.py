@@ -104,7 +104,7 @@ def layers(address: str, n: int, rounds: int) -> None:
             for _ in range(k):
                 data = encode(TOPIC, BODY)
                 with lock:
-                    if conn._reading or conn._pending or conn.closed:
+                    if conn._reading or conn._waiters or conn.closed:
                         raise RuntimeError("contended")
                     conn._reading = True
                 try:

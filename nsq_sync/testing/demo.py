@@ -12,6 +12,9 @@ with the same Python interpreter and these environment variables set, then stops
 - ``NSQLOOKUPD_HTTP_ADDRESS``: nsqlookupd's HTTP address, ``127.0.0.1:port``
 - ``NSQLOOKUPD_TCP_ADDRESS``: nsqlookupd's TCP address, ``127.0.0.1:port``
 
+On success the runner adds one line (the total time) to what the script printed; when the script
+fails, it prints the servers' addresses and the end of both servers' logs.
+
 The exit status is the script's (128 + N when a signal N ended it, 124 when it outlives
 ``--timeout``, 130 on Ctrl-C). SIGTERM sent to the runner is passed on to the script, and the
 servers are stopped in every case.
@@ -24,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from types import FrameType
 
@@ -31,11 +35,13 @@ from nsq_sync.testing.process import (
     NsqBinaryNotFound,
     NsqdProcess,
     NsqlookupdProcess,
+    NsqProcess,
     NsqProcessError,
 )
 
 _TIMEOUT_STATUS = 124
 _INTERRUPTED_STATUS = 130
+_LOG_LINES = 40
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if not os.path.isfile(options.script):
         parser.error(f"no such script: {options.script}")
+    started = time.monotonic()
     try:
         with (
             NsqlookupdProcess() as lookupd,
@@ -84,14 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 NSQLOOKUPD_HTTP_ADDRESS=lookupd.http_address,
                 NSQLOOKUPD_TCP_ADDRESS=lookupd.tcp_address,
             )
-            _log(
-                f"nsqd tcp={nsqd.tcp_address} http={nsqd.http_address}; "
-                f"nsqlookupd tcp={lookupd.tcp_address} http={lookupd.http_address}"
-            )
-            return _run_script(options.script, options.args, env, options.timeout)
+            status = _run_script(options.script, options.args, env, options.timeout)
+            if status != 0:
+                _report_failure(options.script, status, [lookupd, nsqd])
     except (NsqBinaryNotFound, NsqProcessError) as exc:
         _log(f"error: {exc}")
         return 2
+    if status == 0:
+        _log(f"OK in {time.monotonic() - started:.1f} s (nsqlookupd and nsqd started and stopped)")
+    return status
+
+
+def _report_failure(script: str, status: int, servers: Sequence[NsqProcess]) -> None:
+    _log(f"FAILED: {script} exited with status {status}")
+    for server in servers:
+        _log(
+            f"{server.name} tcp={server.tcp_address} http={server.http_address}; "
+            f"last {_LOG_LINES} lines of {server.log_path}:"
+        )
+        print(server.log_tail(_LOG_LINES) or "(empty log)", file=sys.stderr, flush=True)
 
 
 def _exit_status(returncode: int) -> int:

@@ -43,7 +43,7 @@ import urllib3
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_http_address
 from nsq_sync._version import __version__
-from nsq_sync.config import Duration, to_seconds
+from nsq_sync.durations import Duration, to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, Stopped
 from nsq_sync.protocol.names import validate_channel, validate_topic
 

@@ -5,6 +5,8 @@ Option names are go-nsq's, in snake_case. Durations are float seconds everywhere
 accepted and converted). Every check raises :class:`~nsq_sync.errors.ConfigError` naming the
 option; :func:`to_seconds` is the one check for every duration a public method takes (a timeout,
 a requeue or publish delay), so a bad one raises the same error wherever it is passed.
+:func:`parse_duration`, :func:`to_seconds` and :data:`Duration` live in
+:mod:`nsq_sync.durations` and are importable from here as well.
 
 Address lists (``nsqd_tcp_addresses``, ``lookupd_http_addresses``) are a list of strings or one
 string; a string holding several addresses separated by commas (``"h1:4150,h2:4150"``, as in an
@@ -17,18 +19,17 @@ Objects copy the Config they are given (it is frozen), so nothing shares mutable
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import importlib.util
 import math
 import os
-import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from nsq_sync._addresses import address_list
 from nsq_sync._version import __version__
+from nsq_sync.durations import Duration, parse_duration, to_seconds
 from nsq_sync.errors import ConfigError
 from nsq_sync.protocol.constants import (
     DEFAULT_MAX_BODY_SIZE,
@@ -38,77 +39,8 @@ from nsq_sync.protocol.constants import (
 
 __all__ = ["Config", "Duration", "address_list", "parse_duration", "to_seconds"]
 
-#: What every public duration argument takes (a timeout, a delay): seconds, a
-#: :class:`datetime.timedelta`, or a string such as ``"250ms"`` (see :func:`to_seconds`).
-Duration = Union[float, datetime.timedelta, str]
-
-_DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d*)?|-?\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
 _BACKOFF_STRATEGIES = ("exponential", "full_jitter")
-
-
-def parse_duration(value: object, name: str = "duration") -> float:
-    """Return ``value`` as float seconds; accepts numbers, :class:`datetime.timedelta` and
-    ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
-
-    Raises:
-        ConfigError: when the value is not a number, timedelta or duration string.
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected seconds, got {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if m:
-            return float(m.group(1)) * _UNITS[m.group(2)]
-    raise ConfigError(f"{name}: expected seconds or a duration like '250ms', '5s', got {value!r}")
-
-
-def to_seconds(
-    value: object,
-    name: str,
-    *,
-    positive: bool = False,
-    maximum: float | None = None,
-    maximum_name: str | None = None,
-) -> float:
-    """Validate a duration passed to a public method (a timeout, a delay) and return it as float
-    seconds. Accepts what Config accepts: seconds as a number, a :class:`datetime.timedelta`, or
-    a string such as ``"250ms"``.
-
-    Args:
-        value: the duration.
-        name: what it is, for the message (``"timeout"``, ``"requeue delay"``...).
-        positive: reject 0 too (timeouts); otherwise 0 is allowed (delays).
-        maximum: the largest value allowed, if any; ``maximum_name`` names the option it comes
-            from (every error then states the range: "between 0 and max_defer (3600.0 s)").
-
-    Raises:
-        ConfigError: not a duration, not finite, negative (or 0 when ``positive``), or above
-            ``maximum``; the message names ``name``.
-    """
-    if maximum is not None:
-        bound = f"{maximum_name} ({maximum} s)" if maximum_name else f"{maximum} s"
-        problem = f"{name} must be between 0 and {bound}, got {value!r}"
-    try:
-        seconds = parse_duration(value, name)
-    except ConfigError:
-        if maximum is None:
-            raise
-        raise ConfigError(problem) from None
-    if maximum is not None:
-        if not (0 <= seconds <= maximum) or (positive and seconds == 0):
-            raise ConfigError(problem)
-        return seconds
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
-    if seconds < 0 or (positive and seconds == 0):
-        raise ConfigError(f"{name} must be seconds {'> 0' if positive else '>= 0'}, got {value!r}")
-    return seconds
 
 
 def _opt(

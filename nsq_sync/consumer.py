@@ -23,11 +23,12 @@ from typing import Any
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync.backoff import make_backoff
-from nsq_sync.config import Config, address_list, to_seconds
+from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.connset import ConnectionSet
 from nsq_sync.discovery import Discovery
 from nsq_sync.dispatch import GiveUpHandler, Handler, WorkerPool
+from nsq_sync.durations import to_seconds
 from nsq_sync.errors import ConfigError, Stopped
 from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nsq_sync._http_base import HTTPClientBase
-from nsq_sync.config import Duration, to_seconds
+from nsq_sync.durations import Duration, to_seconds
 from nsq_sync.errors import ConfigError, HTTPAPIError, InvalidBody
 from nsq_sync.protocol.commands import Body, to_bodies, to_body, to_ms
 from nsq_sync.protocol.names import validate_channel, validate_topic

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from nsq_sync import _fork
-from nsq_sync.config import to_seconds
+from nsq_sync.durations import to_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.connection import NsqdConnection

@@ -48,8 +48,9 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address
-from nsq_sync.config import Config, Duration, address_list, to_seconds
+from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NotSent, NsqdConnection
+from nsq_sync.durations import Duration, to_seconds
 from nsq_sync.errors import (
     AuthError,
     ConfigError,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync._addresses import address_list, parse_address, parse_http_address
-from nsq_sync.config import Config, parse_duration
+from nsq_sync.config import Config
+from nsq_sync.durations import parse_duration
 from nsq_sync.errors import ConfigError
 from nsq_sync.protocol.names import validate_channel, validate_topic
 

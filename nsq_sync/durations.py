@@ -1,0 +1,92 @@
+"""Durations: what every public duration argument takes, and the one check for it.
+
+Durations are float seconds everywhere in nsq_sync's public API; :class:`datetime.timedelta`
+and strings such as ``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are accepted and converted.
+:func:`to_seconds` is the one check for every duration a public method takes (a timeout, a
+requeue or publish delay), so a bad one raises the same
+:class:`~nsq_sync.errors.ConfigError` wherever it is passed; :func:`parse_duration` is the
+conversion it (and every duration option of :class:`~nsq_sync.config.Config`) uses.
+
+These names are also importable from :mod:`nsq_sync.config`, where they were first documented.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from typing import Union
+
+from nsq_sync.errors import ConfigError
+
+__all__ = ["Duration", "parse_duration", "to_seconds"]
+
+#: What every public duration argument takes (a timeout, a delay): seconds, a
+#: :class:`datetime.timedelta`, or a string such as ``"250ms"`` (see :func:`to_seconds`).
+Duration = Union[float, datetime.timedelta, str]
+
+_DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d*)?|-?\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object, name: str = "duration") -> float:
+    """Return ``value`` as float seconds; accepts numbers, :class:`datetime.timedelta` and
+    ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
+
+    Raises:
+        ConfigError: when the value is not a number, timedelta or duration string.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise ConfigError(f"{name}: expected seconds or a duration like '250ms', '5s', got {value!r}")
+
+
+def to_seconds(
+    value: object,
+    name: str,
+    *,
+    positive: bool = False,
+    maximum: float | None = None,
+    maximum_name: str | None = None,
+) -> float:
+    """Validate a duration passed to a public method (a timeout, a delay) and return it as float
+    seconds. Accepts what Config accepts: seconds as a number, a :class:`datetime.timedelta`, or
+    a string such as ``"250ms"``.
+
+    Args:
+        value: the duration.
+        name: what it is, for the message (``"timeout"``, ``"requeue delay"``...).
+        positive: reject 0 too (timeouts); otherwise 0 is allowed (delays).
+        maximum: the largest value allowed, if any; ``maximum_name`` names the option it comes
+            from (every error then states the range: "between 0 and max_defer (3600.0 s)").
+
+    Raises:
+        ConfigError: not a duration, not finite, negative (or 0 when ``positive``), or above
+            ``maximum``; the message names ``name``.
+    """
+    if maximum is not None:
+        bound = f"{maximum_name} ({maximum} s)" if maximum_name else f"{maximum} s"
+        problem = f"{name} must be between 0 and {bound}, got {value!r}"
+    try:
+        seconds = parse_duration(value, name)
+    except ConfigError:
+        if maximum is None:
+            raise
+        raise ConfigError(problem) from None
+    if maximum is not None:
+        if not (0 <= seconds <= maximum) or (positive and seconds == 0):
+            raise ConfigError(problem)
+        return seconds
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds < 0 or (positive and seconds == 0):
+        raise ConfigError(f"{name} must be seconds {'> 0' if positive else '>= 0'}, got {value!r}")
+    return seconds

@@ -21,9 +21,12 @@ PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
 #: layer and the ones before it
 LAYERS: list[tuple[str, set[str]]] = [
     ("sans-IO", {"protocol", "errors", "_version"}),
-    ("foundations", {"config", "_addresses", "_fork", "runtime", "_tls"}),
+    ("foundations", {"config", "durations", "_addresses", "_fork", "runtime", "_tls"}),
     ("policy", {"rdy", "backoff"}),
-    ("I/O", {"transport", "handshake", "connection", "_http_base", "http", "lookupd"}),
+    (
+        "I/O",
+        {"transport", "handshake", "connection", "_requests", "_http_base", "http", "lookupd"},
+    ),
     (
         "consumer parts",
         {"connset", "responder", "dispatch", "flusher", "discovery", "message", "stats"},

@@ -280,12 +280,13 @@ class NsqdConnection(RequestsMixin):
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Write what is buffered, then close the socket (no CLS); the reader task ends and
-        reports the close. Idempotent, thread-safe."""
+        """Write what is buffered (after any write under way on another task, up to
+        ``write_timeout``), then close the socket (no CLS); the reader task ends and reports the
+        close. Idempotent, thread-safe."""
         self._closing = True
         if self._transport is not None and not self.closed:
             try:
-                self._transport.flush()
+                self._transport.flush(wait=True)
             except NSQConnectionError:
                 pass
         self._close_transport()

@@ -19,6 +19,7 @@ import socket
 import ssl
 import struct
 import sys
+import time
 from typing import Any
 
 from nsq_sync import _fork
@@ -96,6 +97,7 @@ class Transport:
             self._wsock.settimeout(None)  # and no Python-level poll before each send
         self._set_timeout(self._rsock, read_timeout)
         self._set_timeout(self._wsock, write_timeout, write=True)
+        self._write_timeout = write_timeout
         self._rtimeout = read_timeout
         # recv_into a reused buffer: recv(n) allocates n bytes per call (for 256 KiB an mmap,
         # an mremap to the size read and a munmap later, with fresh pages faulted in each time).
@@ -247,12 +249,29 @@ class Transport:
             self._buf.append(data)
             return len(self._buf) == 1 and not self._writing
 
-    def flush(self) -> None:
-        """Write whatever is buffered (unless another task is writing it now). Thread-safe."""
-        with self._buf_lock:
-            if self._writing or not self._buf:
+    def flush(self, wait: bool = False) -> None:
+        """Write whatever is buffered (unless another task is writing it now). Thread-safe.
+
+        With ``wait``, a write another task has under way is waited for (up to
+        ``write_timeout``), then whatever is still buffered is written: what closes the
+        transport next must not cut off a FIN or REQ that was already on its way.
+        """
+        deadline = None
+        while True:
+            with self._buf_lock:
+                if not self._writing:
+                    if not self._buf:
+                        return
+                    self._writing = True
+                    break
+            if not wait:
                 return
-            self._writing = True
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._write_timeout
+            elif now >= deadline:
+                return
+            self._runtime.sleep(0.001)
         self.drain()
 
     def drain(self) -> None:

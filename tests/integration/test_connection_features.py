@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -397,3 +398,32 @@ def test_pipelined_error_reaches_its_own_request(nsqd_factory: Any, nsq_topic: s
     assert all(isinstance(e, NSQConnectionError) for e in others), others
     assert sum(oks) >= 400
     assert message_count(server.http_address, nsq_topic) == sum(oks)
+
+
+def test_close_waits_for_a_write_another_task_has_under_way(
+    raw_conn: NsqdConnection, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """A consumer's stop closes its connections once every message was answered locally; a FIN
+    or REQ another task (the reader answering a late message) is still writing must reach nsqd,
+    not be cut off by the close (nsqd would hold the message in flight until --msg-timeout).
+    Here a second task holds the writer role with a PUB buffered, and starts writing only once
+    close() is under way (nothing to wait on from outside close(): a short head start)."""
+    transport = raw_conn._transport
+    assert transport is not None
+    assert transport.enqueue(commands.pub(nsq_topic, b"on its way")) is True  # the writer role
+    outcome: list[BaseException | None] = []
+
+    def writer() -> None:
+        time.sleep(0.2)  # close() is waiting by now
+        try:
+            transport.drain()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    task = threading.Thread(target=writer)
+    task.start()
+    raw_conn.close()
+    task.join(10.0)
+    assert outcome == [None]
+    wait_for(lambda: message_count(nsqd.http_address, nsq_topic) == 1, "the PUB reached nsqd")

@@ -184,7 +184,7 @@ class Consumer:
             on_gave_up=lambda message: conns.count("gave_up"),
             on_fatal=self._on_fatal,
             finish_many=responder.finish_many,
-            on_held=flusher.watch,
+            backstop=flusher,
             on_failed=lambda message: conns.count("failed"),
         )
         discovery = Discovery(

@@ -57,11 +57,11 @@ class Flusher:
         self._stopped = False
         self._task: Any = None
         self._held: HeldAnswers | None = None
-        # True while the flusher checks held FINs every ``hold`` seconds. Protocol: a worker
+        #: True while the flusher checks held FINs every ``hold`` seconds. Protocol: a worker
         # appends to ``held`` and then reads this flag; the flusher clears it and then reads
         # ``held``. Either the worker sees False (and wakes the flusher) or the flusher sees
         # the new message (and keeps watching): a held FIN is never forgotten.
-        self._watching = False
+        self.watching = False
 
     def start(self, name: str, held: HeldAnswers | None = None) -> None:
         self._held = held
@@ -77,8 +77,8 @@ class Flusher:
 
     def watch(self) -> None:
         """A worker holds FINs: write them within ``hold`` seconds unless a worker does."""
-        if not self._watching:
-            self._watching = True
+        if not self.watching:
+            self.watching = True
             self._wakeup.set()
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -98,14 +98,14 @@ class Flusher:
     def step(self) -> None:
         """One round of the task: sleep until woken (or ``hold`` seconds while watching held
         FINs), then write every buffered connection, and the held FINs when watching."""
-        watching = self._watching
+        watching = self.watching
         self._wakeup.wait(self.hold if watching else None)
         self._wakeup.clear()
         self._flush_all()
         if watching and self._held is not None:
-            self._watching = False
+            self.watching = False
             if self._held.held:
-                self._watching = True  # written now; look again after the next hold
+                self.watching = True  # written now; look again after the next hold
             self._held.flush_held()
 
     def _flush_all(self) -> None:

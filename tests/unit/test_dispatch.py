@@ -5,7 +5,7 @@ messages and stops it: ``stop`` queues one stop marker per worker behind the mes
 returns every submitted message has been processed.
 
 Every test runs twice: with FINs one by one (``message.finish()``), and batched as the consumer
-runs the pool (``finish_many`` plus a real Flusher as the ``on_held`` backstop).
+runs the pool (``finish_many`` plus a real Flusher as the backstop).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Harness:
             on_skip=lambda message: self.events.append(("skip", message.id)),
             on_gave_up=lambda message: self.events.append(("gave_up", message.id)),
             finish_many=self._finish_many if self.batched else None,
-            on_held=self.flusher.watch if self.batched else None,
+            backstop=self.flusher if self.batched else None,
         )
         self._n = 0
 

@@ -26,7 +26,7 @@ from nsq_sync.errors import ConnectionClosed, NSQConnectionError, ServerError
 from nsq_sync.handshake import Handshake, server_error
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder
-from nsq_sync.protocol.events import Heartbeat, MessageFrame, Response
+from nsq_sync.protocol.events import Heartbeat, MessageFrame, RawMessage, Response
 from nsq_sync.protocol.identify import IdentifyResult
 from nsq_sync.runtime import Runtime, Task, resolve_runtime
 from nsq_sync.transport import Transport
@@ -38,7 +38,7 @@ class ConnectionHandler(Protocol):
     """Receives what the reader task does not handle itself. Methods run on the reader task and
     must return quickly (queue work; never block, never run user code)."""
 
-    def on_messages(self, conn: NsqdConnection, messages: list[MessageFrame]) -> None: ...
+    def on_messages(self, conn: NsqdConnection, messages: list[RawMessage]) -> None: ...
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None: ...
 
@@ -181,7 +181,7 @@ class NsqdConnection(RequestsMixin):
             while True:
                 # Messages go to the handler in batches (one per read): one lock round trip
                 # in the consumer for many messages. Order relative to other frames is kept.
-                batch: list[MessageFrame] = []
+                batch: list[RawMessage] = []
                 try:
                     while True:
                         event = decoder.next_messages(batch)

@@ -30,7 +30,7 @@ from nsq_sync.discovery import Discovery
 from nsq_sync.errors import AuthError, NSQConnectionError, ProtocolError, ServerError, TLSError
 from nsq_sync.message import Message, Responder, from_frames
 from nsq_sync.protocol import commands
-from nsq_sync.protocol.events import MessageFrame
+from nsq_sync.protocol.events import RawMessage
 from nsq_sync.rdy import Action, RDYManager
 from nsq_sync.runtime import Runtime, Task
 from nsq_sync.stats import ConnectionStats, ConsumerStats
@@ -232,7 +232,7 @@ class ConnectionSet:
 
     # ------------------------------------------------------------------ reader tasks
 
-    def on_messages(self, conn: NsqdConnection, frames: list[MessageFrame]) -> None:
+    def on_messages(self, conn: NsqdConnection, frames: list[RawMessage]) -> None:
         messages = from_frames(frames, self.responder, conn.address, conn)
         n = len(messages)
         with self.lock:

@@ -11,7 +11,7 @@ from nsq_sync.durations import to_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.connection import NsqdConnection
-    from nsq_sync.protocol.events import MessageFrame
+    from nsq_sync.protocol.events import RawMessage
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Message:
 
 
 def from_frames(
-    frames: Iterable[MessageFrame],
+    frames: Iterable[RawMessage],
     responder: Responder | None,
     nsqd_address: str,
     conn: NsqdConnection | None,

@@ -17,7 +17,14 @@ from nsq_sync.protocol.constants import (
     OK,
 )
 from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder, parse_message
-from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame, Response
+from nsq_sync.protocol.events import (
+    ErrorFrame,
+    Event,
+    Heartbeat,
+    MessageFrame,
+    RawMessage,
+    Response,
+)
 from nsq_sync.protocol.names import is_valid_name, validate_channel, validate_topic
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "FrameDecoder",
     "Heartbeat",
     "MessageFrame",
+    "RawMessage",
     "Response",
     "commands",
     "is_valid_name",

@@ -23,7 +23,14 @@ from nsq_sync.protocol.constants import (
     HEARTBEAT,
     MESSAGE_HEADER_SIZE,
 )
-from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, MessageFrame, Response
+from nsq_sync.protocol.events import (
+    ErrorFrame,
+    Event,
+    Heartbeat,
+    MessageFrame,
+    RawMessage,
+    Response,
+)
 
 _SIZE = struct.Struct(">l")
 _FRAME_HEAD = struct.Struct(">ll")
@@ -177,12 +184,14 @@ class FrameDecoder:
         self._pos = pos
         raise RemoteProtocolError(f"unknown frame type {frame_type}")
 
-    def next_messages(self, out: list[MessageFrame]) -> Event | _Sentinel:
+    def next_messages(self, out: list[RawMessage]) -> Event | _Sentinel:
         """Append every complete message frame at the front of the buffer to ``out``, then
         return what follows as :meth:`next_event` does (another event, NEED_DATA or EOF).
 
-        The fast path for a consumer: one unpack and one copy per message. Messages decoded
-        before garbage are in ``out`` when the error is raised.
+        The fast path for a consumer: one unpack and one copy per message, each appended as a
+        plain ``(id, timestamp, attempts, body)`` tuple (:data:`RawMessage`; the fields of a
+        :class:`MessageFrame`, without building one). Messages decoded before garbage are in
+        ``out`` when the error is raised.
 
         Raises:
             The errors of :meth:`next_event`.
@@ -192,7 +201,6 @@ class FrameDecoder:
         end_of_data = len(buf)
         unpack = _MSG_FRAME_HEAD.unpack_from
         append = out.append
-        new = tuple.__new__
         max_size = self.max_frame_size
         convert = type(buf) is not bytes
         try:
@@ -206,12 +214,8 @@ class FrameDecoder:
                 ):
                     break  # anything else, incomplete or invalid: next_event decides
                 body = buf[pos + _MSG_FRAME_HEAD_SIZE : end]
-                append(
-                    new(
-                        MessageFrame,
-                        (msg_id, timestamp, attempts, bytes(body) if convert else body),
-                    )
-                )
+                # (a slice of bytes is bytes: copied only out of a bytearray buffer)
+                append((msg_id, timestamp, attempts, bytes(body) if convert else body))  # type: ignore[arg-type]
                 pos = end
         finally:
             self._pos = pos

@@ -48,4 +48,9 @@ class MessageFrame(NamedTuple):
     body: bytes
 
 
+#: A message's fields as :meth:`FrameDecoder.next_messages` hands them out, ``(id, timestamp,
+#: attempts, body)``: a plain tuple, as a :class:`MessageFrame` is, without building one (one less
+#: object per message on a consumer's hot path)
+RawMessage = tuple[bytes, int, int, bytes]
+
 Event = Union[Response, Heartbeat, ErrorFrame, MessageFrame]

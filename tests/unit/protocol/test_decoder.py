@@ -5,6 +5,7 @@ time, and followed by the first bytes of a next frame, which must stay buffered 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from nsq_sync.protocol import (
     FrameDecoder,
     Heartbeat,
     MessageFrame,
+    RawMessage,
     Response,
     parse_message,
 )
@@ -37,15 +39,16 @@ APIS = ["events", "next_messages"]
 
 
 def read_all(decoder: FrameDecoder, api: str = "events") -> list[Event]:
-    """Every complete event, through ``decoder.events()`` or ``decoder.next_messages()``."""
+    """Every complete event, through ``decoder.events()`` or ``decoder.next_messages()`` (whose
+    plain message tuples are turned into MessageFrames here, so both compare alike)."""
     if api == "events":
         return list(decoder.events())
-    out: list[Event] = []
+    out: list[Any] = []
     while True:
-        event = decoder.next_messages(out)  # type: ignore[arg-type]
+        event = decoder.next_messages(out)
         if event is NEED_DATA or event is EOF:
-            return out
-        out.append(event)  # type: ignore[arg-type]
+            return [MessageFrame(*e) if type(e) is tuple else e for e in out]
+        out.append(event)
 
 
 def frame(frame_type: int, data: bytes) -> bytes:
@@ -439,10 +442,10 @@ def test_next_messages_keeps_what_it_decoded_before_garbage() -> None:
     decoder = FrameDecoder()
     good = [message(1, 1, b"%016d" % i, b"body %d" % i) for i in range(3)]
     decoder.receive_data(b"".join(good) + frame(9, b"garbage"))
-    out: list[MessageFrame] = []
+    out: list[RawMessage] = []
     with pytest.raises(RemoteProtocolError, match="unknown frame type 9"):
         decoder.next_messages(out)
-    assert [m.body for m in out] == [b"body 0", b"body 1", b"body 2"]
+    assert [body for _, _, _, body in out] == [b"body 0", b"body 1", b"body 2"]
 
 
 def test_next_messages_stops_at_the_first_other_frame_and_returns_it() -> None:
@@ -452,11 +455,13 @@ def test_next_messages_stops_at_the_first_other_frame_and_returns_it() -> None:
         + response(b"_heartbeat_")
         + message(2, 1, b"b" * 16, b"two")
     )
-    out: list[MessageFrame] = []
+    out: list[RawMessage] = []
     assert decoder.next_messages(out) == Heartbeat()
-    assert out == [MessageFrame(b"a" * 16, 1, 1, b"one")]
+    assert out == [(b"a" * 16, 1, 1, b"one")]
     assert decoder.next_messages(out) is NEED_DATA
-    assert out[1] == MessageFrame(b"b" * 16, 2, 1, b"two")
+    assert out[1] == (b"b" * 16, 2, 1, b"two")
+    # plain (id, timestamp, attempts, body) tuples: no MessageFrame built per message
+    assert all(type(m) is tuple for m in out)
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -157,21 +157,33 @@ class RequestsMixin:
             ConnectionClosed / NSQConnectionError: the connection broke before the answer (the
                 outcome is unknown).
         """
-        waiter = _Waiter()
-        with self._request_lock:
+        # The common case, a request alone on its connection (no reader task, nobody reading,
+        # no answer outstanding), takes the reading role without a waiter: the next answer on
+        # the wire is its own. Requests that come meanwhile queue their waiters behind it, and
+        # it makes itself one (_own_waiter) before it hands out anything but its own lone OK.
+        waiter: _Waiter | None = None
+        lock = self._request_lock
+        lock.acquire()
+        try:
             transport = self._transport
             if self.closed or transport is None:
                 raise NotSent("connection is closed", self.address, by_server=False)
-            if self._reader is not None or self._reading:
-                waiter.event = self.runtime.signal()
+            if self._reader is None and not self._reading and not self._waiters:
+                self._reading = True
             else:
-                self._reading = waiter.reader = True
-            # waiter order == write order: both happen under _request_lock
-            self._waiters.append(waiter)
-            write = transport.enqueue(data)
-        if write:
+                waiter = _Waiter()
+                if self._reader is not None or self._reading:
+                    waiter.event = self.runtime.signal()
+                else:
+                    self._reading = waiter.reader = True
+                self._waiters.append(waiter)
+            # request order == write order: both are decided under _request_lock
+            first = transport.enqueue(data)
+        finally:
+            lock.release()
+        if first is not None:
             try:
-                transport.drain()
+                transport.drain(first)
             except ConnectionClosed:
                 # nsqd closed or reset the connection (typically right after a fatal error
                 # frame). Answers it sent before that may still be unread: stop writing, but
@@ -183,26 +195,37 @@ class RequestsMixin:
                 self._torn(exc)
                 raise
         deadline = time.monotonic() + timeout
-        if not waiter.reader:
+        if waiter is not None and not waiter.reader:
             waiter.event.wait(timeout)
             if not waiter.done and not waiter.reader:
-                with self._request_lock:
+                with lock:
                     if not waiter.done and not waiter.reader:
                         waiter.abandoned = True
                         raise ReadTimeout(f"no answer from nsqd within {timeout} s", self.address)
-        if waiter.reader:
-            self._read_answers(waiter, deadline)
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.result
+            if not waiter.reader:
+                if waiter.error is not None:
+                    raise waiter.error
+                return waiter.result
+        return self._read_answers(waiter, deadline)
 
-    def _read_answers(self, waiter: _Waiter, deadline: float) -> None:
-        """Holding the reading role: read until ``waiter`` is answered, then pass the role on."""
+    def _own_waiter(self) -> _Waiter:
+        """A request that took the reading role alone gets its waiter, at the front (its
+        answer comes first on the wire): from now on the answers are matched in order."""
+        waiter = _Waiter()
+        waiter.reader = True
+        with self._request_lock:
+            self._waiters.appendleft(waiter)
+        return waiter
+
+    def _read_answers(self, waiter: _Waiter | None, deadline: float) -> bytes:
+        """Holding the reading role: read until this request is answered, pass the role on and
+        return the answer (or raise it). ``waiter`` None: the request took the role alone, so
+        the first answer is its own."""
         transport = self._transport
         assert transport is not None
         decoder = self._decoder
         try:
-            if not waiter.done and not decoder.buffered:
+            if (waiter is None or not waiter.done) and not decoder.buffered:
                 # The common case first, without the decoder: one read brings one whole OK,
                 # the answer to the oldest request (what decoding it would do). Anything else
                 # goes to the loop below.
@@ -216,17 +239,21 @@ class RequestsMixin:
                             raise
                         # (the socket's timeout may be shorter than ours: the loop retries)
                 if data == _OK_FRAME:
+                    if waiter is None:
+                        self._pass_reading_role()
+                        return OK
                     self._answer(OK, None)
                 elif data is not None:
                     if not data:
                         raise ConnectionClosed("nsqd closed the connection", self.address)
                     decoder.receive_data(data)
+            if waiter is None:
+                waiter = self._own_waiter()
             while not waiter.done:
                 event = decoder.next_event()
                 if event is NEED_DATA:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        waiter.abandoned = True
                         raise ReadTimeout("no answer from nsqd within the timeout", self.address)
                     try:
                         data = transport.recv(remaining)
@@ -257,6 +284,8 @@ class RequestsMixin:
         except ReadTimeout:
             # (also when the socket's own timeout fired first): this request gives up; its
             # answer, if it ever comes, is popped and dropped by the next reader
+            if waiter is None:
+                waiter = self._own_waiter()
             waiter.abandoned = True
             self._pass_reading_role()
             raise
@@ -265,6 +294,9 @@ class RequestsMixin:
             self._torn(exc)
             raise
         self._pass_reading_role()
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result
 
     def _on_publisher_event(self, event: Event) -> None:
         if type(event) is Response:
@@ -290,7 +322,9 @@ class RequestsMixin:
             self._reading = False
 
     def _pass_reading_role(self) -> None:
-        with self._request_lock:
+        lock = self._request_lock
+        lock.acquire()
+        try:
             for waiter in self._waiters:
                 if not waiter.abandoned:
                     waiter.reader = True
@@ -298,6 +332,8 @@ class RequestsMixin:
                     return
             # Nobody waits (at most abandoned requests, whose answers the next reader pops).
             self._reading = False
+        finally:
+            lock.release()
 
 
 __all__ = ["NotSent", "RequestsMixin"]

@@ -220,21 +220,36 @@ class Transport:
         Raises:
             ConnectionClosed, NSQConnectionError (including a write timeout).
         """
-        if self.enqueue(data):
-            self.drain()
+        first = self.enqueue(data)
+        if first is not None:
+            self.drain(first)
 
-    def enqueue(self, data: bytes) -> bool:
-        """Append ``data`` to the write buffer. Thread-safe.
+    def enqueue(self, data: bytes) -> bytes | None:
+        """Hand ``data`` to the writer. Thread-safe.
 
         Returns:
-            True when the caller became the writer and must call :meth:`drain`.
+            None when another task is writing (it writes ``data`` next); otherwise the caller is
+            now the writer and must call :meth:`drain` with the returned bytes (``data``, after
+            whatever was buffered before it).
         """
-        with self._buf_lock:
+        lock = self._buf_lock
+        lock.acquire()  # (acquire/release: nothing between them raises; a third of `with`)
+        if self._writing:
             self._buf.append(data)
-            if self._writing:
-                return False
-            self._writing = True
-            return True
+            lock.release()
+            return None
+        self._writing = True
+        buf = self._buf
+        if not buf:
+            lock.release()
+            return data
+        try:  # (commands buffered for a flush go first)
+            buf.append(data)
+            data = b"".join(buf)
+            buf.clear()
+        finally:
+            lock.release()
+        return data
 
     def buffer(self, data: bytes) -> bool:
         """Buffer ``data`` for the next write (by :meth:`send` or :meth:`flush`). Thread-safe.
@@ -274,8 +289,9 @@ class Transport:
             self._runtime.sleep(0.001)
         self.drain()
 
-    def drain(self) -> None:
-        """As the writer: write the buffer until it is empty, then give up the role.
+    def drain(self, first: bytes | None = None) -> None:
+        """As the writer: write ``first`` (what :meth:`enqueue` returned), then the buffer until
+        it is empty, then give up the role.
 
         A write that times out (or fails locally) closes the transport: part of a command may have been
         written, so nothing more may follow on this stream (nsqd would read garbage, and the
@@ -283,15 +299,21 @@ class Transport:
         dropped with it; the owner of the connection fails everything waiting on it.
         """
         buf = self._buf
-        buf_lock = self._buf_lock
+        lock = self._buf_lock
+        data = first
         try:
             while True:
-                with buf_lock:
+                if data is None:
+                    lock.acquire()
                     if not buf:
                         self._writing = False
+                        lock.release()
                         return
-                    data = buf[0] if len(buf) == 1 else b"".join(buf)
-                    buf.clear()
+                    try:
+                        data = buf[0] if len(buf) == 1 else b"".join(buf)
+                        buf.clear()
+                    finally:
+                        lock.release()
                 if self._tls is None:
                     # Plain TCP: the writer role alone orders the writes (_write_lock only
                     # keeps the TLS reader's own writes out of the middle of a record).
@@ -301,14 +323,15 @@ class Transport:
                 else:
                     with self._write_lock:
                         self._send_locked(data)
+                data = None
         except BaseException as exc:
             if not isinstance(exc, ConnectionClosed):
                 # (ConnectionClosed: the peer closed or reset it, so every later write fails
                 # too; the socket stays open for the answers nsqd sent before it closed.)
                 self.close()  # before giving up the role: nothing may follow a torn write
-            with self._buf_lock:
+            with lock:
                 self._writing = False
-                self._buf.clear()
+                buf.clear()
             raise
 
     def _send_locked(self, data: bytes) -> None:

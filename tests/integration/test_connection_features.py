@@ -410,13 +410,14 @@ def test_close_waits_for_a_write_another_task_has_under_way(
     close() is under way (nothing to wait on from outside close(): a short head start)."""
     transport = raw_conn._transport
     assert transport is not None
-    assert transport.enqueue(commands.pub(nsq_topic, b"on its way")) is True  # the writer role
+    first = transport.enqueue(commands.pub(nsq_topic, b"on its way"))
+    assert first is not None  # the writer role, with the PUB to write
     outcome: list[BaseException | None] = []
 
     def writer() -> None:
         time.sleep(0.2)  # close() is waiting by now
         try:
-            transport.drain()
+            transport.drain(first)
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - reported below
             outcome.append(exc)

@@ -16,7 +16,7 @@ from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import ServerError
 from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.protocol import commands
-from nsq_sync.protocol.events import MessageFrame
+from nsq_sync.protocol.events import MessageFrame, RawMessage
 
 __all__ = [
     "Collector",
@@ -179,9 +179,11 @@ class Collector:
         self.responses: list[bytes] = []
         self.closed: list[BaseException | None] = []
 
-    def on_messages(self, conn: NsqdConnection, messages: list[MessageFrame]) -> None:
+    def on_messages(self, conn: NsqdConnection, messages: list[RawMessage]) -> None:
+        # (the reader hands over plain (id, timestamp, attempts, body) tuples)
+        frames = [MessageFrame(*m) for m in messages]
         with self._lock:
-            self.messages.extend(messages)
+            self.messages.extend(frames)
 
     def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
         with self._lock:

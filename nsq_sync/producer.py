@@ -110,6 +110,28 @@ class _Backoff(Exception):
     """Internal: the slot is backing off (another thread's attempt just failed)."""
 
 
+def _not_ok(answer: bytes) -> RemoteProtocolError:
+    # nsqd answers a publish with OK or an error frame: anything else means the stream is out
+    # of step with our requests (the outcome is unknown)
+    return RemoteProtocolError(f"nsqd answered a publish with {answer[:100]!r} instead of OK")
+
+
+class _Attempts:
+    """What the failed attempts of one publish have learned (the failover loop's state)."""
+
+    __slots__ = ("timeout", "deadline", "last_error", "maybe_sent", "first_failure")
+
+    def __init__(self, timeout: float, deadline: float) -> None:
+        self.timeout = timeout
+        self.deadline = deadline
+        self.last_error: BaseException | None = None
+        # an earlier attempt wrote it and lost the answer (resent under retry_unknown)
+        self.maybe_sent = False
+        # an address that worked until this publish failed it (first failure, nothing sent):
+        # worth one more try after its short first backoff, within the deadline
+        self.first_failure = False
+
+
 class Producer:
     """Publishes to nsqd over TCP. Thread-safe; fork-safe; a context manager.
 
@@ -181,8 +203,10 @@ class Producer:
             Stopped: the producer is closed (nothing was sent).
         """
         data = commands.pub(topic, body)
+        limit = self.config.max_msg_size
         # "PUB " + topic + "\n" + 4-byte size precede the body
-        self._check_size(len(data) - len(topic) - 9, None)
+        if limit is not None and len(data) - len(topic) - 9 > limit:
+            self._check_size(len(data) - len(topic) - 9, None)  # raises
         self._publish(data, timeout)
 
     def multi_publish(
@@ -276,24 +300,38 @@ class Producer:
         pool = self._pool.get()
         if pool.watch_patch and "gevent.monkey" in sys.modules:
             self._watch_late_patch(pool)
-        pool.active.append(None)
+        active = pool.active
+        active.append(None)
         try:
-            self._publish_with_failover(pool, data, seconds)
+            # The common case first, without the failover loop's set-up: the preferred nsqd's
+            # connection is up. A failure is handled as any attempt's (_attempt_failed), and
+            # the loop goes on from there.
+            attempts = None
+            slot = pool.slots[pool.current]
+            conn = slot.conn
+            if conn is not None and not conn.closed:
+                deadline = time.monotonic() + seconds
+                try:
+                    answer = conn.request(data, seconds)
+                    if answer == OK:
+                        return
+                    raise _not_ok(answer)
+                except Exception as exc:
+                    attempts = _Attempts(seconds, deadline)
+                    self._attempt_failed(slot, conn, True, exc, attempts)
+            self._publish_with_failover(
+                pool, data, attempts or _Attempts(seconds, time.monotonic() + seconds)
+            )
         finally:
-            pool.active.pop()
+            active.pop()
 
     def _watch_late_patch(self, pool: _Pool) -> None:
         runtime = self.runtime
         if isinstance(runtime, AutoRuntime) and runtime.patched_late():  # warned (once)
             pool.watch_patch = False
 
-    def _publish_with_failover(self, pool: _Pool, data: bytes, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last_error: BaseException | None = None
-        maybe_sent = False  # an earlier attempt wrote it and lost the answer (retry_unknown)
-        # An address that worked until this publish failed it (first failure, nothing sent):
-        # worth one more try after its short first backoff, within the deadline.
-        first_failure = False
+    def _publish_with_failover(self, pool: _Pool, data: bytes, attempts: _Attempts) -> None:
+        deadline = attempts.deadline
         retried = False
         slots = pool.slots
         n = len(slots)
@@ -308,10 +346,10 @@ class Producer:
                 if self._pool.peek() is not pool:
                     # A publish of the parent copied into a forked child (gevent copies every
                     # greenlet): it goes on in the parent; here it must not connect again.
-                    raise (PublishOutcomeUnknown if maybe_sent else PublishError)(
+                    raise (PublishOutcomeUnknown if attempts.maybe_sent else PublishError)(
                         "the process forked during this publish; it continues in the parent "
                         "process only",
-                        last_error,
+                        attempts.last_error,
                     )
                 if slot.conn is None and slot.retry_at > time.monotonic():
                     continue  # backing off
@@ -324,56 +362,16 @@ class Producer:
                     sent = True
                     answer = conn.request(data, max(0.001, deadline - time.monotonic()))
                     if answer != OK:
-                        # nsqd answers a publish with OK or an error frame: anything else means
-                        # the stream is out of step with our requests (the outcome is unknown).
-                        raise RemoteProtocolError(
-                            f"nsqd answered a publish with {answer[:100]!r} instead of OK"
-                        )
-                except _Backoff:
-                    continue
-                except NotSent:
-                    # Closed by another thread after we took it: nothing was written. Try this
-                    # address again (it reconnects, or is backing off).
-                    if slot.conn is conn:
-                        slot.conn = None
-                    continue
-                except ReadTimeout as exc:
-                    if not sent:
-                        last_error = exc
-                        self._mark_failed(slot, None, exc)
-                        continue
-                    # Our own deadline ran out waiting for the answer: only this request gives up;
-                    # the connection stays up for the others (its answer is matched and dropped).
-                    raise PublishOutcomeUnknown(
-                        f"no answer from nsqd {slot.address} within {timeout:g} s; the message may "
-                        "or may not have been published",
-                        exc,
-                    ) from None
-                except ServerError as exc:
-                    if not exc.retriable:
-                        raise
-                    last_error = exc  # nsqd answered: it did not take the message
-                    self._mark_failed(slot, conn, exc)
-                    first_failure = first_failure or slot.failures == 1
-                except (ProtocolError, TLSError, AuthError) as exc:
-                    # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a
-                    # TLS setup that cannot work (certificate not verified, nsqd requires TLS) or
-                    # AUTH required without a secret are configuration errors that a retry would
-                    # only repeat: do not hammer that address (fail over, or raise at once).
-                    last_error = exc
-                    self._mark_failed(slot, conn, exc, delay=self.config.reconnect_backoff_max)
-                    maybe_sent = self._unknown_if_sent(sent, slot, exc) or maybe_sent
-                except NSQConnectionError as exc:
-                    last_error = exc
-                    self._mark_failed(slot, conn if sent else None, exc)
-                    maybe_sent = self._unknown_if_sent(sent, slot, exc) or maybe_sent
-                    first_failure = first_failure or (not sent and slot.failures == 1)
+                        raise _not_ok(answer)
+                except Exception as exc:
+                    self._attempt_failed(slot, conn, sent, exc, attempts)
                 else:
                     pool.current = index
                     return
             # Wait (within the deadline) for the first address to come back: under retry_unknown,
             # or once after an address that worked failed for the first time.
-            if self._closed or not ((maybe_sent and self.retry_unknown) or first_failure):
+            maybe_sent = attempts.maybe_sent
+            if self._closed or not ((maybe_sent and self.retry_unknown) or attempts.first_failure):
                 break
             if not maybe_sent:
                 if retried:
@@ -384,8 +382,9 @@ class Producer:
                 break
             if wait > 0:
                 self.runtime.sleep(wait)
+        last_error = attempts.last_error
         if self._closed:
-            if maybe_sent:
+            if attempts.maybe_sent:
                 raise PublishOutcomeUnknown(
                     "producer closed before nsqd answered; the message may or may not have "
                     "been published",
@@ -397,11 +396,64 @@ class Producer:
             last_error = next((s.last_error for s in slots if s.last_error), None)
             wait = max(0.0, min(s.retry_at for s in slots) - time.monotonic())
             message += f"; all backing off after failures, next attempt in {wait:.2f} s"
-        if maybe_sent:
+        if attempts.maybe_sent:
             raise PublishOutcomeUnknown(
                 message + "; an earlier attempt may have published it", last_error
             )
         raise PublishError(message, last_error)
+
+    def _attempt_failed(
+        self,
+        slot: _Slot,
+        conn: NsqdConnection | None,
+        sent: bool,
+        error: Exception,
+        attempts: _Attempts,
+    ) -> None:
+        """One attempt on ``slot`` raised ``error``: raise what the caller must see, or learn
+        from it (``attempts``) and return, and the failover loop goes on. ``sent``: the
+        command may have been written (connecting did not fail)."""
+        if isinstance(error, _Backoff):
+            return
+        if isinstance(error, NotSent):
+            # Closed by another thread after we took it: nothing was written. Try this
+            # address again (it reconnects, or is backing off).
+            if slot.conn is conn:
+                slot.conn = None
+            return
+        if isinstance(error, ReadTimeout):
+            if not sent:
+                attempts.last_error = error
+                self._mark_failed(slot, None, error)
+                return
+            # Our own deadline ran out waiting for the answer: only this request gives up; the
+            # connection stays up for the others (its answer is matched and dropped).
+            raise PublishOutcomeUnknown(
+                f"no answer from nsqd {slot.address} within {attempts.timeout:g} s; the message "
+                "may or may not have been published",
+                error,
+            ) from None
+        if isinstance(error, ServerError):
+            if not error.retriable:
+                raise error
+            attempts.last_error = error  # nsqd answered: it did not take the message
+            self._mark_failed(slot, conn, error)
+            attempts.first_failure = attempts.first_failure or slot.failures == 1
+        elif isinstance(error, (ProtocolError, TLSError, AuthError)):
+            # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a TLS
+            # setup that cannot work (certificate not verified, nsqd requires TLS) or AUTH
+            # required without a secret are configuration errors that a retry would only
+            # repeat: do not hammer that address (fail over, or raise at once).
+            attempts.last_error = error
+            self._mark_failed(slot, conn, error, delay=self.config.reconnect_backoff_max)
+            attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
+        elif isinstance(error, NSQConnectionError):
+            attempts.last_error = error
+            self._mark_failed(slot, conn if sent else None, error)
+            attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
+            attempts.first_failure = attempts.first_failure or (not sent and slot.failures == 1)
+        else:
+            raise error
 
     def _unknown_if_sent(self, sent: bool, slot: _Slot, error: BaseException) -> bool:
         """After a failure on ``slot``: raise PublishOutcomeUnknown if the command was written

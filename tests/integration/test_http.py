@@ -157,18 +157,21 @@ def test_pub_reaches_the_channel(client: NsqdHTTPClient, nsq_topic: str, channel
     client.pub(nsq_topic, b"x", delay=0)  # no delay
     client.pub(nsq_topic, bytearray(b"y"))
     client.pub(nsq_topic, memoryview(b"z"))
-    assert client.depth(nsq_topic, channel_of) == 4
-    assert client.depth(nsq_topic) == 0  # handed on to the channel
+    # handed on to the channel (by nsqd's topic pump, after each publish has answered)
+    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
+    assert client.depth(nsq_topic) == 0
 
 
 def test_dpub_is_deferred(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
     client.dpub(nsq_topic, b"later", 60.0)
     client.pub(nsq_topic, b"later too", delay=1.5)  # fractional seconds -> 1500 ms
     client.pub(nsq_topic, b"now")
-    stats = client.channel_stats(nsq_topic, channel_of)
-    assert stats is not None
-    assert stats["deferred_count"] == 2
-    assert stats["depth"] == 1
+
+    def counts() -> tuple[int, int] | None:
+        stats = client.channel_stats(nsq_topic, channel_of)
+        return None if stats is None else (stats["deferred_count"], stats["depth"])
+
+    _wait_for(lambda: counts() == (2, 1), "2 deferred and 1 ready message in the channel")
 
 
 def test_mpub_binary(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
@@ -178,7 +181,7 @@ def test_mpub_binary(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) ->
     assert stats is not None
     assert stats["message_count"] == 4
     assert stats["message_bytes"] == 3 + 100 + 3 + 1
-    assert client.depth(nsq_topic, channel_of) == 4
+    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
 
 
 def test_mpub_text(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
@@ -188,7 +191,7 @@ def test_mpub_text(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> N
     assert stats is not None
     assert stats["message_count"] == 3
     assert stats["message_bytes"] == 3 + 3 + 5
-    assert client.depth(nsq_topic, channel_of) == 3
+    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 3, "messages to reach the channel")
 
 
 # ------------------------------------------------------------------------------ admin
@@ -240,12 +243,16 @@ def test_channel_round_trip(client: NsqdHTTPClient, nsq_topic: str) -> None:
     client.pause_channel(nsq_topic, "ch")
     assert _channel(client, nsq_topic, "ch")["paused"] is True
     client.pub(nsq_topic, b"queued while paused")
-    assert client.depth(nsq_topic, "ch") == 1
+    # (nsqd's topic pump copies a message to the channels after the publish has answered)
+    _wait_for(lambda: client.depth(nsq_topic, "ch") == 1, "the message to reach the channel")
     client.unpause_channel(nsq_topic, "ch")
     assert _channel(client, nsq_topic, "ch")["paused"] is False
 
     client.dpub(nsq_topic, b"deferred", 60.0)
-    assert _channel(client, nsq_topic, "ch")["deferred_count"] == 1
+    _wait_for(
+        lambda: _channel(client, nsq_topic, "ch")["deferred_count"] == 1,
+        "the deferred message to reach the channel",
+    )
     client.empty_channel(nsq_topic, "ch")
     stats = client.channel_stats(nsq_topic, "ch")
     assert stats is not None

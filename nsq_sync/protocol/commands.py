@@ -137,7 +137,7 @@ def pub(topic: str, body: Body) -> bytes:
     """``PUB <topic>`` + one body. Raises InvalidName / InvalidBody."""
     head = _pub_head(topic)  # the topic's error first
     data = body if type(body) is bytes and body else to_body(body)
-    return b"%s%s%s" % (head, _U32.pack(len(data)), data)
+    return head + _U32.pack(len(data)) + data  # (a quarter cheaper than b"%s%s%s" %)
 
 
 def _pub_head(topic: object) -> bytes:

@@ -65,11 +65,11 @@ def nsqpy_consume(n: int, address: str, topic: str) -> None:
     import nsq.reader
 
     logging.getLogger("nsq").setLevel(logging.WARNING)
-    reader = nsq.reader.Reader(topic.encode(), b"ch", nsqd_tcp_addresses=[address], max_in_flight=2500)
-    count = 0
-    for message in reader:
+    reader = nsq.reader.Reader(
+        topic.encode(), b"ch", nsqd_tcp_addresses=[address], max_in_flight=2500
+    )
+    for count, message in enumerate(reader, 1):
         message.fin()
-        count += 1
         if count == n:
             break
     reader.close()

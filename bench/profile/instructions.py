@@ -132,13 +132,18 @@ def main() -> None:
         " process per operation)",
     ]
     totals: dict[tuple[str, str], int] = {}
-    with NsqdProcess(extra_args=["--mem-queue-size=10000000"]) as nsqd, tempfile.TemporaryDirectory() as tmp:
+    with (
+        NsqdProcess(extra_args=["--mem-queue-size=10000000"]) as nsqd,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for client, op, n1, n2 in TARGETS:
             if only is not None and client not in only:
                 continue
             per_op = measure(nsqd, client, op, n1, n2, Path(tmp))
             if per_op is None:
-                lines.append(f"{op:8} {client:9} (not installed: scripts/bench makes .bench/venvs/{client})")
+                lines.append(
+                    f"{op:8} {client:9} (not installed: scripts/bench makes .bench/venvs/{client})"
+                )
                 continue
             total = sum(per_op.values())
             totals[client, op] = total

@@ -10,9 +10,9 @@ the next one when connecting fails (refused, reset, timed out) or nsqd answers w
 *retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
 the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
 
-Reconnecting: one attempt at a time per nsqd, however many threads publish; a failed attempt
-counts once and backs the address off (exponentially, with jitter, up to
-``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
+Reconnecting (:mod:`nsq_sync._slots`): one attempt at a time per nsqd, however many threads
+publish; a failed attempt counts once and backs the address off (exponentially, with jitter, up
+to ``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
 :class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause (only the publish
 that sees a working address fail for the first time waits for its short first backoff, 25-50 ms,
 and tries once more within its timeout); the first publish after the backoff tries again, and the threads that arrive while it connects wait for
@@ -48,13 +48,13 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address
+from nsq_sync._slots import Backoff, Slot
 from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.durations import Duration, to_seconds
 from nsq_sync.errors import (
     AuthError,
     ConfigError,
-    ConnectTimeout,
     InvalidBody,
     NSQConnectionError,
     ProtocolError,
@@ -77,37 +77,20 @@ log = logging.getLogger(__name__)
 __all__ = ["Producer"]
 
 
-class _Slot:
-    """One nsqd of the pool: its connection (if any) and its reconnect backoff. ``lock`` is held
-    while connecting, so there is one attempt at a time per address."""
-
-    __slots__ = ("address", "conn", "lock", "failures", "retry_at", "last_error")
-
-    def __init__(self, address: str, runtime: Runtime) -> None:
-        self.address = address
-        self.conn: NsqdConnection | None = None
-        self.lock = runtime.lock()
-        self.failures = 0
-        self.retry_at = 0.0
-        self.last_error: BaseException | None = None
-
-
 class _Pool:
     """What one process of a producer owns: the slots, the preferred one and a token per
     publish in progress (list append/pop are atomic: no lock on the publish path)."""
 
     __slots__ = ("slots", "current", "active", "watch_patch")
 
-    def __init__(self, addresses: list[str], runtime: Runtime) -> None:
-        self.slots = [_Slot(a, runtime) for a in addresses]  # decides an AutoRuntime
+    def __init__(
+        self, addresses: list[str], config: Config, runtime: Runtime, rng: random.Random
+    ) -> None:
+        self.slots = [Slot(a, config, runtime, rng) for a in addresses]  # decides an AutoRuntime
         self.current = 0
         self.active: list[None] = []
         # "auto" chose threads in this process: warn if gevent patches it later
         self.watch_patch = isinstance(runtime, AutoRuntime) and runtime.name == "threads"
-
-
-class _Backoff(Exception):
-    """Internal: the slot is backing off (another thread's attempt just failed)."""
 
 
 def _not_ok(answer: bytes) -> RemoteProtocolError:
@@ -175,10 +158,12 @@ class Producer:
         self.retry_unknown = retry_unknown
         self._closed = False
         self._rng = random.Random()
-        self._pool = _fork.PerProcess(lambda: _Pool(self.addresses, self.runtime), lazy=True)
+        self._pool = _fork.PerProcess(
+            lambda: _Pool(self.addresses, self.config, self.runtime, self._rng), lazy=True
+        )
 
     @property
-    def _slots(self) -> list[_Slot]:
+    def _slots(self) -> list[Slot]:
         """This process's slots (tests look at the connections through them)."""
         return self._pool.get().slots
 
@@ -282,6 +267,9 @@ class Producer:
     def closed(self) -> bool:
         return self._closed
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     # ------------------------------------------------------------------ internals
 
     def _check_size(self, size: int, index: int | None) -> None:
@@ -358,7 +346,7 @@ class Producer:
                 try:
                     conn = slot.conn
                     if conn is None or conn.closed:
-                        conn = self._connection(slot, deadline)
+                        conn = slot.connection(deadline, self._is_closed)
                     sent = True
                     answer = conn.request(data, max(0.001, deadline - time.monotonic()))
                     if answer != OK:
@@ -404,7 +392,7 @@ class Producer:
 
     def _attempt_failed(
         self,
-        slot: _Slot,
+        slot: Slot,
         conn: NsqdConnection | None,
         sent: bool,
         error: Exception,
@@ -413,7 +401,7 @@ class Producer:
         """One attempt on ``slot`` raised ``error``: raise what the caller must see, or learn
         from it (``attempts``) and return, and the failover loop goes on. ``sent``: the
         command may have been written (connecting did not fail)."""
-        if isinstance(error, _Backoff):
+        if isinstance(error, Backoff):
             return
         if isinstance(error, NotSent):
             # Closed by another thread after we took it: nothing was written. Try this
@@ -424,7 +412,7 @@ class Producer:
         if isinstance(error, ReadTimeout):
             if not sent:
                 attempts.last_error = error
-                self._mark_failed(slot, None, error)
+                slot.mark_failed(None, error)
                 return
             # Our own deadline ran out waiting for the answer: only this request gives up; the
             # connection stays up for the others (its answer is matched and dropped).
@@ -437,7 +425,7 @@ class Producer:
             if not error.retriable:
                 raise error
             attempts.last_error = error  # nsqd answered: it did not take the message
-            self._mark_failed(slot, conn, error)
+            slot.mark_failed(conn, error)
             attempts.first_failure = attempts.first_failure or slot.failures == 1
         elif isinstance(error, (ProtocolError, TLSError, AuthError)):
             # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a TLS
@@ -445,17 +433,17 @@ class Producer:
             # required without a secret are configuration errors that a retry would only
             # repeat: do not hammer that address (fail over, or raise at once).
             attempts.last_error = error
-            self._mark_failed(slot, conn, error, delay=self.config.reconnect_backoff_max)
+            slot.mark_failed(conn, error, delay=self.config.reconnect_backoff_max)
             attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
         elif isinstance(error, NSQConnectionError):
             attempts.last_error = error
-            self._mark_failed(slot, conn if sent else None, error)
+            slot.mark_failed(conn if sent else None, error)
             attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
             attempts.first_failure = attempts.first_failure or (not sent and slot.failures == 1)
         else:
             raise error
 
-    def _unknown_if_sent(self, sent: bool, slot: _Slot, error: BaseException) -> bool:
+    def _unknown_if_sent(self, sent: bool, slot: Slot, error: BaseException) -> bool:
         """After a failure on ``slot``: raise PublishOutcomeUnknown if the command was written
         and may not be resent; True if it was written (resent under ``retry_unknown``)."""
         if not sent:
@@ -473,76 +461,3 @@ class Producer:
                 error,
             ) from None
         return True
-
-    def _connection(self, slot: _Slot, deadline: float) -> NsqdConnection:
-        conn = slot.conn
-        if conn is not None and not conn.closed:
-            return conn
-        # One attempt at a time per address: the others wait for it (within their deadline)
-        # and use its connection, or see its failure as the slot's backoff.
-        if not slot.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise ConnectTimeout(
-                "timed out waiting for another thread's connection attempt", slot.address
-            )
-        try:
-            conn = slot.conn
-            if conn is not None and not conn.closed:
-                return conn
-            if self._closed:
-                raise Stopped("producer is closed")
-            if slot.retry_at > time.monotonic():
-                raise _Backoff()
-            conn = NsqdConnection(slot.address, self.config, runtime=self.runtime, heartbeats=False)
-            try:
-                conn.connect(max(0.001, deadline - time.monotonic()))
-            except (NSQConnectionError, ProtocolError, ServerError) as exc:
-                # counted here, once per attempt (not once per waiting thread)
-                delay = None
-                if isinstance(exc, (ProtocolError, TLSError, AuthError)):
-                    delay = self.config.reconnect_backoff_max
-                self._back_off(slot, exc, delay)
-                raise
-            slot.conn = conn
-            if self._closed:  # close() ran meanwhile: it may have missed this connection
-                slot.conn = None
-                conn.close()
-                raise Stopped("producer is closed")
-            slot.failures = 0
-            slot.retry_at = 0.0
-            log.debug("producer connected to %s", slot.address)
-            return conn
-        finally:
-            slot.lock.release()
-
-    def _mark_failed(
-        self,
-        slot: _Slot,
-        conn: NsqdConnection | None,
-        error: BaseException,
-        delay: float | None = None,
-    ) -> None:
-        """After ``error`` on ``conn`` (None: the attempt was already counted by _connection)."""
-        if conn is None or slot.conn is not conn:
-            # Connecting failed (counted where it failed), or another thread using the same
-            # connection already handled its failure (and maybe connected again): counting it
-            # twice would inflate the backoff, and closing the slot's new connection would
-            # fail the requests waiting on it.
-            return
-        slot.conn = None
-        if not conn.closed:
-            # An error frame: start afresh. A connection that is already closed is left alone:
-            # its reader may still be delivering answers nsqd sent before it closed (OKs other
-            # threads are waiting for).
-            conn.close()
-        self._back_off(slot, error, delay)
-
-    def _back_off(self, slot: _Slot, error: BaseException, delay: float | None) -> None:
-        slot.last_error = error
-        slot.failures += 1
-        if delay is None:
-            # exponential backoff with jitter, capped; the first retry comes quickly
-            cap = self.config.reconnect_backoff_max
-            delay = min(cap, 0.05 * (2 ** min(slot.failures - 1, 16)))
-            delay *= 0.5 + self._rng.random() / 2
-        slot.retry_at = time.monotonic() + delay
-        log.warning("nsqd %s failed (%s); retrying it in %.2f s", slot.address, error, delay)

@@ -17,6 +17,9 @@ import nsq_sync
 
 PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
 
+CONSUMER_PARTS = {"connset", "responder", "dispatch", "flusher", "discovery", "message", "stats"}
+PRODUCER_PARTS = {"_slots"}
+
 #: lowest first (the layers of ARCHITECTURE.md's module table); a module imports only from its own
 #: layer and the ones before it
 LAYERS: list[tuple[str, set[str]]] = [
@@ -27,10 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "I/O",
         {"transport", "handshake", "connection", "_requests", "_http_base", "http", "lookupd"},
     ),
-    (
-        "consumer parts",
-        {"connset", "responder", "dispatch", "flusher", "discovery", "message", "stats"},
-    ),
+    ("parts", CONSUMER_PARTS | PRODUCER_PARTS),
     ("facades", {"consumer", "batch", "running", "producer"}),
     (
         "integrations and tools",
@@ -40,7 +40,10 @@ LAYERS: list[tuple[str, set[str]]] = [
 
 #: the producer and the consumer never use each other's parts
 SEPARATE = {
-    "producer": LAYERS[4][1] | {"consumer", "batch", "running"},
+    "producer": CONSUMER_PARTS | {"consumer", "batch", "running"},
+    "_slots": CONSUMER_PARTS | {"consumer", "batch", "running"},
+    **{part: PRODUCER_PARTS | {"producer"} for part in CONSUMER_PARTS},
+    "consumer": PRODUCER_PARTS | {"producer"},
 }
 
 

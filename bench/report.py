@@ -532,6 +532,36 @@ def update_table(data: dict[str, Any], page: Path) -> bool:
     return True
 
 
+#: the README's comparison table: its measured rows, by the label they start with
+README_ROWS = {
+    "consume": "| consume, msg/s (×nsq_sync) |",
+    "pub": "| one-at-a-time publish, msg/s (×nsq_sync) |",
+}
+README_PEERS = ("pynsq", "gnsq", "nsq-py")
+
+
+def update_readme_rows(data: dict[str, Any], readme: Path) -> bool:
+    """Rewrite the measured rows of README.md's comparison table (consume, one-at-a-time
+    publish) from this run's medians: nsq_sync's rate, then each peer's with its ratio to
+    nsq_sync. False if the README has no such row or a rate is missing."""
+    lines = readme.read_text().splitlines(keepends=True)
+    changed = False
+    for workload, label in README_ROWS.items():
+        ours = _rate(data, workload, "nsq_sync")
+        peers = [_rate(data, workload, peer) for peer in README_PEERS]
+        if ours is None or any(rate is None for rate in peers):
+            return False
+        cells = [f"{ours / 1000:.1f}k"]
+        cells += [f"{rate / 1000:.1f}k ({rate / ours:.2f}×)" for rate in peers if rate is not None]
+        for i, line in enumerate(lines):
+            if line.startswith(label):
+                lines[i] = label + " " + " | ".join(cells) + " |\n"
+                changed = True
+    if changed:
+        readme.write_text("".join(lines))
+    return changed
+
+
 def render_markdown(data: dict[str, Any], png_name: str | None) -> str:
     meta = data.get("meta", {})
     clients = meta.get("clients", {})
@@ -785,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
         print(docs / "benchmarks.md")
         if update_table(data, docs / "performance.md"):
             print(docs / "performance.md")
+        if update_readme_rows(data, docs.parent / "README.md"):
+            print(docs.parent / "README.md")
     return 0
 
 

@@ -1469,6 +1469,8 @@ def main(argv: list[str] | None = None) -> int:
         harness.say("published docs/benchmarks.md" + (" and docs/benchmarks.png" if png else ""))
         if report.update_table(data, DOCS_DIR / "performance.md"):
             harness.say("updated the table in docs/performance.md")
+        if report.update_readme_rows(data, DOCS_DIR.parent / "README.md"):
+            harness.say("updated the measured rows of README.md's comparison table")
     print(report.render_markdown(data, None))
     harness.say(f"total {data['meta']['total_s']:.0f} s")
     return 0

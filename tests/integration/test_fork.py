@@ -786,13 +786,17 @@ def test_fork_closes_the_childs_copies_of_inherited_sockets_at_once(
 
     def work() -> dict[str, Any]:
         closed = conn.closed and conn._transport.closed  # type: ignore[union-attr]
+
+        def http_closed() -> list[bool]:
+            return [getattr(c.sock, "_closed", True) for c in http_conns]
+
         # (gevent closes a socket nobody waits on from the hub's first callback in the child:
-        # before that, the loop is not re-initialised yet; one sleep runs it)
-        time.sleep(0.001)
-        return {
-            "producer_conn_closed": closed,
-            "http_socks_closed": [getattr(c.sock, "_closed", True) for c in http_conns],
-        }
+        # before that, the loop is not re-initialised yet. A sleep runs the hub; on PyPy it
+        # may take more than one, so wait for it, within a deadline.)
+        deadline = time.monotonic() + 5.0
+        while not all(http_closed()) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return {"producer_conn_closed": closed, "http_socks_closed": http_closed()}
 
     child = Child(work, lambda: None)
     result = child.result()

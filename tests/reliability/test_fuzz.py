@@ -43,6 +43,7 @@ from support.fake_nsqd import EXPECT_NOP, FakeNsqd, frame, message_frame
 from nsq_sync import Consumer, Producer
 from nsq_sync.errors import (
     ConnectionClosed,
+    ConnectTimeout,
     NSQError,
     ProtocolError,
     PublishError,
@@ -375,14 +376,20 @@ def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool)
     """With a single nsqd that keeps closing the connection after PUB, publish raises
     PublishOutcomeUnknown about the closed connection within publish_timeout (it never hangs):
     at once by default (never resent), after resending it on fresh connections until the
-    deadline with retry_unknown=True."""
+    deadline with retry_unknown=True (then the last cause may also be the deadline cutting
+    the last fresh attempt short)."""
     error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=retry_unknown)
     assert took < 2.5
     assert isinstance(error, PublishOutcomeUnknown), error
-    assert isinstance(error.reason, ConnectionClosed), error.reason
     if retry_unknown:
+        # The last cause: the connection closed again, or the deadline cut the last fresh
+        # attempt short (its handshake's read: what a slow interpreter such as PyPy meets).
+        assert isinstance(error.reason, (ConnectionClosed, ReadTimeout, ConnectTimeout)), (
+            error.reason
+        )
         assert len(fake.connections) >= 2, "it resent on fresh connections until the deadline"
     else:
+        assert isinstance(error.reason, ConnectionClosed), error.reason
         assert len(fake.connections) == 1, "it resent a PUB whose outcome was unknown"
 
 

@@ -188,10 +188,10 @@ class Producer:
             Stopped: the producer is closed (nothing was sent).
         """
         data = commands.pub(topic, body)
+        size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
         limit = self.config.max_msg_size
-        # "PUB " + topic + "\n" + 4-byte size precede the body
-        if limit is not None and len(data) - len(topic) - 9 > limit:
-            self._check_size(len(data) - len(topic) - 9, None)  # raises
+        if limit is not None and size > limit:
+            self._check_size(size, None)  # raises
         self._publish(data, timeout)
 
     def multi_publish(

@@ -163,8 +163,7 @@ class RequestsMixin:
         # it makes itself one (_own_waiter) before it hands out anything but its own lone OK.
         waiter: _Waiter | None = None
         lock = self._request_lock
-        lock.acquire()
-        try:
+        with lock:
             transport = self._transport
             if self.closed or transport is None:
                 raise NotSent("connection is closed", self.address, by_server=False)
@@ -179,8 +178,6 @@ class RequestsMixin:
                 self._waiters.append(waiter)
             # request order == write order: both are decided under _request_lock
             first = transport.enqueue(data)
-        finally:
-            lock.release()
         if first is not None:
             try:
                 transport.drain(first)
@@ -322,9 +319,7 @@ class RequestsMixin:
             self._reading = False
 
     def _pass_reading_role(self) -> None:
-        lock = self._request_lock
-        lock.acquire()
-        try:
+        with self._request_lock:
             for waiter in self._waiters:
                 if not waiter.abandoned:
                     waiter.reader = True
@@ -332,8 +327,6 @@ class RequestsMixin:
                     return
             # Nobody waits (at most abandoned requests, whose answers the next reader pops).
             self._reading = False
-        finally:
-            lock.release()
 
 
 __all__ = ["NotSent", "RequestsMixin"]

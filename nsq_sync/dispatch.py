@@ -291,15 +291,13 @@ class WorkerPool:
             return False
         # An application thread may be answering it right now: the first answer wins; claimed,
         # it is finished with the worker's next batch (Message._claim(None), inline: once per
-        # message on the worker's hot path; acquire/release rather than `with`, a third of its
-        # cost, as nothing between them can raise).
-        lock = _fork.claim_lock
-        lock.acquire()
-        if message._responded:
-            lock.release()
-            return False
-        message._responded = True
-        lock.release()
+        # message on the worker's hot path; `with`, not acquire()/release(): under gevent a
+        # KeyboardInterrupt can reach a worker as acquire() returns, and a leaked claim lock
+        # would stop every later answer in the process).
+        with _fork.claim_lock:
+            if message._responded:
+                return False
+            message._responded = True
         return True
 
     def give_up(self, message: Message) -> None:

@@ -232,23 +232,18 @@ class Transport:
             now the writer and must call :meth:`drain` with the returned bytes (``data``, after
             whatever was buffered before it).
         """
-        lock = self._buf_lock
-        lock.acquire()  # (acquire/release: nothing between them raises; a third of `with`)
-        if self._writing:
-            self._buf.append(data)
-            lock.release()
-            return None
-        self._writing = True
-        buf = self._buf
-        if not buf:
-            lock.release()
-            return data
-        try:  # (commands buffered for a flush go first)
-            buf.append(data)
-            data = b"".join(buf)
-            buf.clear()
-        finally:
-            lock.release()
+        # `with`, not acquire()/release(): a KeyboardInterrupt delivered as acquire() returns
+        # would leave the lock held, and every later write (and close()) would wait on it.
+        with self._buf_lock:
+            if self._writing:
+                self._buf.append(data)
+                return None
+            self._writing = True
+            buf = self._buf
+            if buf:  # (commands buffered for a flush go first)
+                buf.append(data)
+                data = b"".join(buf)
+                buf.clear()
         return data
 
     def buffer(self, data: bytes) -> bool:
@@ -304,16 +299,12 @@ class Transport:
         try:
             while True:
                 if data is None:
-                    lock.acquire()
-                    if not buf:
-                        self._writing = False
-                        lock.release()
-                        return
-                    try:
+                    with lock:
+                        if not buf:
+                            self._writing = False
+                            return
                         data = buf[0] if len(buf) == 1 else b"".join(buf)
                         buf.clear()
-                    finally:
-                        lock.release()
                 if self._tls is None:
                     # Plain TCP: the writer role alone orders the writes (_write_lock only
                     # keeps the TLS reader's own writes out of the middle of a record).

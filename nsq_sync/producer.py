@@ -291,6 +291,11 @@ class Producer:
         active = pool.active
         active.append(None)
         try:
+            # close() sets closed, then waits while publishes are registered here: checked
+            # again once registered, one of the two sees the other (a publish that registers
+            # after close() looked must not send).
+            if self._closed:
+                raise Stopped("producer is closed")
             # The common case first, without the failover loop's set-up: the preferred nsqd's
             # connection is up. A failure is handled as any attempt's (_attempt_failed), and
             # the loop goes on from there.

@@ -273,6 +273,48 @@ def test_close_during_publish_opens_nothing_and_duplicates_nothing(
             assert bodies[body] == 1
 
 
+def test_publish_starting_as_close_begins_is_waited_for_or_sends_nothing(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """The race between a publish registering itself and close() looking for publishes in
+    progress: the publish passed its closed check, then close() set closed and found none in
+    progress, then the publish registered. Such a publish must raise Stopped and send nothing
+    (before, it took the open connection and published after close() had begun: close() had not
+    waited for it, and it would have been cut off by close() on a slower server). The
+    interleaving is forced with two hooks on the producer's pool: registering runs close() on
+    another task up to the point where it closes the connections. nsqd flags: none."""
+    producer = Producer(nsqd.tcp_address)
+    producer.publish(nsq_topic, b"warm")
+    pool = producer._pool.get()
+    closing = threading.Event()
+    go_on = threading.Event()
+
+    class Slots(list[Any]):
+        def __iter__(self) -> Any:  # close() walking the slots to close them
+            closing.set()
+            assert go_on.wait(20.0)
+            return super().__iter__()
+
+    class Active(list[Any]):
+        def append(self, item: Any) -> None:  # the publish registering itself
+            if not closer.is_alive():
+                closer.start()
+                assert closing.wait(20.0), "close() did not get to the connections"
+            super().append(item)
+
+    closer = threading.Thread(target=producer.close, kwargs={"timeout": 5.0})
+    pool.slots = Slots(pool.slots)
+    pool.active = Active()
+    try:
+        with pytest.raises(Stopped):
+            producer.publish(nsq_topic, b"raced close")
+    finally:
+        go_on.set()
+        _join([closer], 20.0)
+    bodies = read_bodies(nsqd.tcp_address, nsqd.http_address, nsq_topic)
+    assert bodies == {b"warm": 1}
+
+
 # ------------------------------------------------------------------ 4. one caller's timeout
 
 

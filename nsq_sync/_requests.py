@@ -193,7 +193,14 @@ class RequestsMixin:
                 raise
         deadline = time.monotonic() + timeout
         if waiter is not None and not waiter.reader:
-            waiter.event.wait(timeout)
+            try:
+                waiter.event.wait(timeout)
+            except BaseException:
+                # Interrupted (a gevent.Timeout around the call, a KeyboardInterrupt): give up
+                # as a timeout would, or the reading role could be handed to a waiter nobody
+                # waits on, and nobody would read this connection again.
+                self._abandon(waiter)
+                raise
             if not waiter.done and not waiter.reader:
                 with lock:
                     if not waiter.done and not waiter.reader:
@@ -204,6 +211,15 @@ class RequestsMixin:
                     raise waiter.error
                 return waiter.result
         return self._read_answers(waiter, deadline)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """``waiter``'s requester stops waiting: the next reader drops its answer; a reading
+        role handed to it meanwhile goes on to the next waiter."""
+        with self._request_lock:
+            waiter.abandoned = True
+            handed = waiter.reader
+        if handed:
+            self._pass_reading_role()
 
     def _own_waiter(self) -> _Waiter:
         """A request that took the reading role alone gets its waiter, at the front (its

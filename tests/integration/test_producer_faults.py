@@ -9,7 +9,9 @@ Bodies are read back from nsqd to count duplicates.
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.fault_proxy import FaultProxy
-from support.nsq import Collector, read_bodies, wait_for
+from support.nsq import Collector, message_count, read_bodies, wait_for
 
 from nsq_sync import Config, Producer
 from nsq_sync.connection import NsqdConnection
@@ -353,6 +355,78 @@ def test_one_callers_timeout_leaves_the_shared_connection_alone(
         producer.publish(nsq_topic, b"c")  # A's late answer must not be taken for this one
         assert producer._slots[0].conn is conn, "the shared connection was replaced"
         assert proxy.accepted == 1
+    bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
+    assert bodies == {b"warm": 1, b"a": 1, b"b": 1, b"c": 1}
+
+
+def _interrupt_main_when_waiting(conn: NsqdConnection) -> Any:
+    """Threads runtime: a SIGINT to the main thread (KeyboardInterrupt) once it is blocked in
+    a publish, waiting for another thread to read its answer. Returns the signalling thread."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def waiting() -> bool:
+        frame = sys._current_frames().get(main)
+        return bool(conn._waiters) and frame is not None and frame.f_code.co_name == "wait"
+
+    def interrupt() -> None:
+        wait_for(waiting, "the main thread waiting for its answer")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    thread.start()
+    return thread
+
+
+def test_a_publish_interrupted_while_waiting_leaves_the_connection_working(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """Thread A publishes and reads the answers; B's publish is interrupted while it waits for
+    A to read its answer (under gevent a gevent.Timeout around the call, under threads a
+    KeyboardInterrupt from Ctrl-C). B raises what interrupted it, and the connection keeps
+    working: the next publish gets its own answer at once. Before, A handed the reading role
+    to B's abandoned wait, nobody read the connection again, and every later publish on it
+    timed out. nsqd answers late (a proxy delays each direction 0.3 s). nsqd flags: none."""
+    server: NsqdProcess = nsqd_factory()
+    with FaultProxy(server.tcp_address) as proxy, Producer(proxy.address) as producer:
+        producer.publish(nsq_topic, b"warm")
+        conn = producer._slots[0].conn
+        assert conn is not None
+        proxy.delay(0.3)
+        results: dict[str, Any] = {}
+
+        def publish_a() -> None:
+            try:
+                producer.publish(nsq_topic, b"a", timeout=10.0)
+                results["a"] = "ok"
+            except BaseException as exc:
+                results["a"] = exc
+
+        thread = threading.Thread(target=publish_a)
+        thread.start()
+        # B's PUB goes out once nsqd holds A's message, so that A's answer and B's arrive in
+        # separate reads (0.3 s apart): A, answered alone, hands the reading role to B's wait
+        wait_for(lambda: message_count(server.http_address, nsq_topic) == 2, "A's PUB in nsqd")
+        assert conn._reading
+        if "gevent.monkey" in sys.modules:
+            import gevent
+
+            with pytest.raises(gevent.Timeout), gevent.Timeout(0.1):
+                producer.publish(nsq_topic, b"b", timeout=10.0)
+        else:
+            interrupter = _interrupt_main_when_waiting(conn)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    producer.publish(nsq_topic, b"b", timeout=10.0)
+            finally:
+                _join([interrupter], 20.0)
+        _join([thread], 20.0)
+        assert results["a"] == "ok", results
+        proxy.resume()
+        started = time.monotonic()
+        producer.publish(nsq_topic, b"c", timeout=5.0)
+        assert time.monotonic() - started < 0.6 + SLACK
+        assert producer._slots[0].conn is conn, "the connection was replaced"
     bodies = read_bodies(server.tcp_address, server.http_address, nsq_topic)
     assert bodies == {b"warm": 1, b"a": 1, b"b": 1, b"c": 1}
 

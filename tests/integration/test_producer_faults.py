@@ -53,6 +53,24 @@ def silent_server() -> Iterator[str]:
         listener.close()
 
 
+def _publish_in_thread(
+    producer: Producer, topic: str, body: bytes, results: dict[str, Any]
+) -> threading.Thread:
+    """Publish ``body`` (timeout 10 s) on a thread of its own; results[body as str] becomes
+    "ok" or what the publish raised."""
+
+    def publish() -> None:
+        try:
+            producer.publish(topic, body, timeout=10.0)
+            results[body.decode()] = "ok"
+        except BaseException as exc:
+            results[body.decode()] = exc
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    return thread
+
+
 def _join(threads: list[threading.Thread], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for thread in threads:
@@ -333,16 +351,7 @@ def test_one_callers_timeout_leaves_the_shared_connection_alone(
         conn = producer._slots[0].conn
         proxy.delay(0.25)
         results: dict[str, Any] = {}
-
-        def publish_b() -> None:
-            try:
-                producer.publish(nsq_topic, b"b", timeout=10.0)
-                results["b"] = "ok"
-            except BaseException as exc:
-                results["b"] = exc
-
-        thread = threading.Thread(target=publish_b)
-        thread.start()
+        thread = _publish_in_thread(producer, nsq_topic, b"b", results)
         started = time.monotonic()
         with pytest.raises(PublishOutcomeUnknown) as info:
             producer.publish(nsq_topic, b"a", timeout=0.1)
@@ -394,16 +403,7 @@ def test_a_publish_interrupted_while_waiting_leaves_the_connection_working(
         assert conn is not None
         proxy.delay(0.3)
         results: dict[str, Any] = {}
-
-        def publish_a() -> None:
-            try:
-                producer.publish(nsq_topic, b"a", timeout=10.0)
-                results["a"] = "ok"
-            except BaseException as exc:
-                results["a"] = exc
-
-        thread = threading.Thread(target=publish_a)
-        thread.start()
+        thread = _publish_in_thread(producer, nsq_topic, b"a", results)
         # B's PUB goes out once nsqd holds A's message, so that A's answer and B's arrive in
         # separate reads (0.3 s apart): A, answered alone, hands the reading role to B's wait
         wait_for(lambda: message_count(server.http_address, nsq_topic) == 2, "A's PUB in nsqd")

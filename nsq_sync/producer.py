@@ -212,8 +212,11 @@ class Producer:
                 self._check_size(len(d), i)  # raises for the first too large
         data = commands.mpub_checked(topic, datas)
         limit = self.config.max_body_size
-        if limit is not None and len(data) > limit:
-            raise InvalidBody(f"MPUB batch of {len(data)} bytes exceeds max_body_size {limit}")
+        # nsqd holds the MPUB's body to --max-body-size: what follows "MPUB <topic>\n" and the
+        # body's 4-byte size (the message count, then each message's size and bytes)
+        size = len(data) - len(topic) - 10
+        if limit is not None and size > limit:
+            raise InvalidBody(f"MPUB batch of {size} bytes exceeds max_body_size {limit}")
         self._publish(data, timeout)
 
     def deferred_publish(

@@ -51,10 +51,9 @@ __all__ = ["NsqCommitMessage", "NsqStreamWriter", "NsqWriter", "PartitionPublish
 _MPUB_PER_MESSAGE = 4  # size prefix
 
 
-def _mpub_header(topic: str) -> int:
-    """Bytes of an MPUB before its first message: ``MPUB <topic>\n``, the body size, the
-    message count (the Producer holds the whole command to ``max_body_size``)."""
-    return len("MPUB \n") + len(topic) + 4 + 4
+# What nsqd (and the Producer) hold to max_body_size is the MPUB's body: the message count,
+# then each message's size prefix and bytes.
+_MPUB_COUNT = 4
 
 
 @dataclass
@@ -133,13 +132,13 @@ class PartitionPublisher:
                 f"row {row} of partition {self.result.partition_id}: body of {size} bytes "
                 f"exceeds max_msg_size {self._max_msg} (nsqd --max-msg-size)"
             )
-        bodies, total = self._batches.get(topic) or ([], _mpub_header(topic))
+        bodies, total = self._batches.get(topic) or ([], _MPUB_COUNT)
         if bodies and (
             len(bodies) >= self.options.batch_size
             or total + _MPUB_PER_MESSAGE + size > self._max_body
         ):
             self._publish(topic, bodies)
-            bodies, total = [], _mpub_header(topic)
+            bodies, total = [], _MPUB_COUNT
         bodies.append(body)
         self._batches[topic] = (bodies, total + _MPUB_PER_MESSAGE + size)
 
@@ -178,7 +177,7 @@ class PartitionPublisher:
         result.bytes += sum(map(len, bodies))
         result.mpubs += 1
         result.topics[topic] = result.topics.get(topic, 0) + len(bodies)
-        self._batches[topic] = ([], _mpub_header(topic))
+        self._batches[topic] = ([], _MPUB_COUNT)
 
 
 def _task_identity() -> tuple[int, int]:

@@ -44,6 +44,7 @@ from nsq_sync.errors import (
     PublishOutcomeUnknown,
     RemoteProtocolError,
     ServerAuthFailed,
+    ServerBadBody,
     ServerBadMessage,
     ServerUnauthorized,
     Stopped,
@@ -631,6 +632,26 @@ def test_mpub_over_max_body_size(nsqd: NsqdProcess, nsq_topic: str) -> None:
             producer.multi_publish(nsq_topic, [b"x" * 400] * 3)
         producer.multi_publish(nsq_topic, [b"x" * 400] * 2)
     assert message_count(nsqd.http_address, nsq_topic) == 2
+
+
+def test_mpub_body_size_is_held_to_the_limit_as_nsqd_holds_it(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """A batch whose MPUB body (count, then each size and message: 4 + 2 * (4 + 494)) is
+    exactly nsqd's --max-body-size is sent and taken; one byte more is refused before anything
+    is sent, with nsqd's own answer to it shown by a producer without the limit. (The check
+    used to count the command's header too, refusing batches nsqd would take.)
+    nsqd flags: --max-body-size=1000."""
+    server: NsqdProcess = nsqd_factory("--max-body-size=1000")
+    with Producer(server.tcp_address, max_body_size=1000) as producer:
+        producer.multi_publish(nsq_topic, [b"x" * 494] * 2)
+        with pytest.raises(InvalidBody, match="MPUB batch of 1001 bytes exceeds max_body_size"):
+            producer.multi_publish(nsq_topic, [b"x" * 494, b"x" * 495])
+    assert message_count(server.http_address, nsq_topic) == 2
+    unlimited = Producer(server.tcp_address, max_body_size=None)
+    with unlimited, pytest.raises(ServerBadBody, match="body too big 1001 > 1000"):
+        unlimited.multi_publish(nsq_topic, [b"x" * 494, b"x" * 495])
+    assert message_count(server.http_address, nsq_topic) == 2
 
 
 @pytest.mark.parametrize("delay", [-1, -0.001, 3600.001, 86400, float("nan"), float("inf"), True])

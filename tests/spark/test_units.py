@@ -130,7 +130,7 @@ def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, nsq_topic: 
     )
     publisher = PartitionPublisher(opts, partition_id=3)
     try:
-        # 100 bytes each in the MPUB, whose header takes 14 + len(topic): 8 or 9 per MPUB
+        # 100 bytes each in the MPUB's body, after its 4-byte count: 9 per MPUB
         publisher.add_many([b"x" * 96] * 25, None)
         publisher.flush()
         publisher.add_many(["y"] * 150, [None] * 150)  # str bodies, default topic; 100 per MPUB

@@ -27,7 +27,7 @@ from typing import Any
 
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
-from nsq_sync.dispatch import GiveUpHandler
+from nsq_sync.dispatch import GiveUpHandler, ends_task
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
 from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
@@ -314,44 +314,58 @@ class BatchConsumer:
                 self._busy = 0
 
     def _run_handler(self, batch: list[Message]) -> None:
-        parts = self._machinery
         try:
             self.handle_batch(batch)
-        except Exception:
-            unanswered = [m for m in batch if not m.has_responded]
-            self.log.exception(
-                "batch handler failed on %d message(s); requeueing %d",
-                len(batch),
-                len(unanswered),
-            )
-            max_attempts = self.config.max_attempts
-            parts.connections.count("failed", len(batch))
-            for message in unanswered:
-                if 0 < max_attempts <= message.attempts:
-                    parts.pool.give_up(message)
-                else:
-                    message.requeue()
-            return
         except BaseException as exc:
-            # SystemExit, KeyboardInterrupt, GreenletExit: nothing may stay in flight. RDY 0
-            # first, or nsqd hands the requeued batch straight back.
-            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                self._consumer.set_max_in_flight(0)
-            for message in batch:
-                if not message.has_responded:
-                    message.requeue(0.0, backoff=False)
-            if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                raise
-            # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
-            self.log.error("batch handler raised %r; stopping the consumer", exc)
-            if self._fatal is None:
-                self._fatal = exc
-            self.stop()
+            if ends_task(exc):
+                self._ended(batch, exc)
+                return
+            # anything else (an Exception, a gevent.Timeout, ...) fails this batch only
+            try:
+                self._failed(batch)
+            except BaseException as exc2:  # give_up lets out only what ends the task
+                self._ended(batch, exc2)
             return
         # claimed here (the first answer wins), then finished with one write per connection
         to_finish = [m for m in batch if m._claim("finish")]
         if to_finish:
-            parts.responder.finish_many(to_finish)
+            self._machinery.responder.finish_many(to_finish)
+
+    def _failed(self, batch: list[Message]) -> None:
+        """The batch handler failed: requeue what it left unanswered (give up on messages at
+        max_attempts), logged."""
+        parts = self._machinery
+        unanswered = [m for m in batch if not m.has_responded]
+        self.log.exception(
+            "batch handler failed on %d message(s); requeueing %d",
+            len(batch),
+            len(unanswered),
+        )
+        max_attempts = self.config.max_attempts
+        parts.connections.count("failed", len(batch))
+        for message in unanswered:
+            if 0 < max_attempts <= message.attempts:
+                parts.pool.give_up(message)
+            else:
+                message.requeue()
+
+    def _ended(self, batch: list[Message], exc: BaseException) -> None:
+        """SystemExit or KeyboardInterrupt (the consumer stops gracefully; run() re-raises it)
+        or GreenletExit (re-raised: the task ends) from the batch's handlers: nothing may stay
+        in flight."""
+        fatal = isinstance(exc, (SystemExit, KeyboardInterrupt))
+        if fatal:
+            self._consumer.set_max_in_flight(0)  # first, or nsqd hands the batch straight back
+        for message in batch:
+            if not message.has_responded:
+                message.requeue(0.0, backoff=False)
+        if not fatal:
+            raise exc
+        # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
+        self.log.error("batch handler raised %r; stopping the consumer", exc)
+        if self._fatal is None:
+            self._fatal = exc
+        self.stop()
 
 
 class _Collector(PartsUser):

@@ -76,6 +76,18 @@ def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapt
     )
 
 
+def ends_task(exc: BaseException) -> bool:
+    """True for what ends the task it is raised in rather than failing one message:
+    SystemExit and KeyboardInterrupt (the consumer stops; run() re-raises them) and gevent's
+    GreenletExit (the greenlet is being killed, e.g. in a forked child). Anything else a
+    handler raises (an Exception, a gevent.Timeout, any other BaseException) fails that
+    message only: it is requeued or given up, and the worker goes on."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return True
+    greenlet = sys.modules.get("greenlet")  # (never imported here: gevent's, if loaded)
+    return greenlet is not None and isinstance(exc, greenlet.GreenletExit)
+
+
 class WorkerPool:
     """``concurrency`` tasks running handlers from one queue. ``submit``/``submit_many`` are
     thread-safe.
@@ -256,7 +268,13 @@ class WorkerPool:
                     self.log.exception("RequeueMessage with a bad delay; requeueing %r", message)
                     message.requeue(None, req.backoff)
             return False
-        except Exception:
+        except BaseException as exc:
+            if ends_task(exc):
+                # this worker ends (or the consumer stops), but the message must not be left
+                # in flight until nsqd's timeout
+                if not message.has_responded:
+                    message.requeue(0.0, backoff=False)
+                raise
             if self.on_failed is not None:
                 self.on_failed(message)
             if message.has_responded:
@@ -278,12 +296,6 @@ class WorkerPool:
                 )
                 message.requeue()
             return False
-        except BaseException:
-            # SystemExit, KeyboardInterrupt, GreenletExit: this worker ends, but the message
-            # must not be left in flight until nsqd's timeout.
-            if not message.has_responded:
-                message.requeue(0.0, backoff=False)
-            raise
         if message._async:
             return False
         if self.finish_many is None:
@@ -314,11 +326,14 @@ class WorkerPool:
                 self.giving_up(message)
             else:
                 log_giving_up(message, self.log)
-        except Exception:
-            # The give-up handler failed: requeue rather than lose the message.
+        except BaseException as exc:
+            # The give-up handler failed: requeue rather than lose the message (and let what
+            # ends the task end it: see ends_task).
             self.log.exception("giving_up handler failed for %r; requeueing it", message)
             if not message.has_responded:
                 message.requeue(backoff=False)
+            if ends_task(exc):
+                raise
             return
         self.on_gave_up(message)
         if not message.has_responded:

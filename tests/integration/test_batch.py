@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, prepare_channel, settled_channel
+from support.nsq import bounded, prepare_channel, raise_like_a_time_limit, settled_channel
 
 from nsq_sync import BatchConsumer, Message
 from nsq_sync.errors import ConfigError
@@ -209,6 +209,38 @@ def test_system_exit_in_the_batch_handler_requeues_the_batch_and_run_reraises_it
     assert raised.value.code == 3
     stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (3, 0, 3)
+
+
+def test_a_batch_handler_raising_another_base_exception_fails_that_batch_only(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """The first batch's handler raises a BaseException other than SystemExit,
+    KeyboardInterrupt or GreenletExit (a gevent.Timeout, typically): that batch is requeued as
+    a failed one and the batch task goes on. Before, the batch task ended: the consumer kept
+    collecting messages nobody handled, and run() and stop() waited out their timeouts."""
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 6)
+
+    def interrupt_first(batch: list[Message], index: int) -> None:
+        if index == 0:
+            raise_like_a_time_limit()
+
+    handler = Batches(interrupt_first)
+    consumer = make(
+        nsqd,
+        nsq_topic,
+        handler,
+        batch_size=3,
+        batch_timeout=0.2,
+        default_requeue_delay=0.0,
+        backoff_multiplier=0.2,
+    )
+    summary = consumer.run(idle_timeout=1.0, timeout=60.0)
+    assert handler.sizes[0] == 3
+    assert (summary.failed, summary.requeued, summary.finished) == (3, 3, 6)
+    assert summary.reason == "idle"
+    stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert stats["requeue_count"] == 3
+    assert (stats["depth"], stats["in_flight_count"], stats["timeout_count"]) == (0, 0, 0)
 
 
 def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.fake_nsqd import FakeNsqd
 from support.fault_proxy import FaultProxy
-from support.nsq import bounded, connected_addresses, settled_channel
+from support.nsq import bounded, connected_addresses, raise_like_a_time_limit, settled_channel
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
@@ -175,6 +175,82 @@ def test_handler_raising_system_exit_requeues_stops_and_run_reraises(
     assert consumer.stats().finished == 0
     if not gevent_patched():
         wait_for(lambda: not consumer_tasks(nsq_topic), "every consumer thread to end", timeout=5.0)
+
+
+def test_a_handler_raising_another_base_exception_fails_that_message_only(
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """A handler raising a BaseException other than SystemExit, KeyboardInterrupt or
+    GreenletExit (typically a gevent.Timeout) fails that message as an exception would: it is
+    requeued, and the only worker goes on. Before, the worker ended: with concurrency 1 the
+    consumer stayed connected and consumed nothing more, its messages in flight at nsqd."""
+    client = prepare(nsqd, nsq_topic, 5)
+    handled: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        if message.attempts == 1:
+            raise_like_a_time_limit()
+        handled.append(message.body)
+
+    consumer = consumers(
+        nsq_topic,
+        CHANNEL,
+        handler,
+        nsqd_tcp_addresses=nsqd.tcp_address,
+        max_in_flight=5,
+        concurrency=1,
+        default_requeue_delay=0.0,
+        max_backoff_duration=0.0,
+    )
+    consumer.start()
+    wait_for(lambda: len(handled) == 5, "every message handled on its second attempt")
+    assert consumer.stop(TIMEOUT)
+    assert consumer.stats().failed == 5
+    stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+    assert stats["requeue_count"] == 5 and stats["timeout_count"] == 0
+
+
+def test_a_giving_up_handler_raising_any_base_exception_requeues_the_message(
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """max_attempts 1 and a handler that always fails: each message goes to the giving_up
+    handler, which raises (a gevent.Timeout, or another BaseException) the first time it sees
+    a message. The message is requeued, not left in flight until nsqd's timeout (before, it
+    stayed in flight and stop() waited out its whole timeout), and given up on redelivery."""
+    client = prepare(nsqd, nsq_topic, 3)
+    seen: set[bytes] = set()
+    given_up: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        raise ValueError("always")
+
+    def giving_up(message: Message) -> None:
+        if message.body not in seen:
+            seen.add(message.body)
+            raise_like_a_time_limit()
+        given_up.append(message.body)
+
+    consumer = consumers(
+        nsq_topic,
+        CHANNEL,
+        handler,
+        nsqd_tcp_addresses=nsqd.tcp_address,
+        max_in_flight=3,
+        concurrency=1,
+        max_attempts=1,
+        giving_up=giving_up,
+        default_requeue_delay=0.0,
+        max_backoff_duration=0.0,
+    )
+    consumer.start()
+    wait_for(lambda: len(given_up) == 3, "every message given up on its second delivery")
+    assert sorted(given_up) == sorted(seen)
+    started = time.monotonic()
+    assert consumer.stop(TIMEOUT)
+    assert time.monotonic() - started < 5.0
+    stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
 
 
 # --------------------------------------------------------------------------- hung lookupd

@@ -6,6 +6,7 @@ import faulthandler
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,9 @@ from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame, RawMessage
 
 __all__ = [
+    "Abort",
     "Collector",
+    "raise_like_a_time_limit",
     "settled_channel",
     "prepare_channel",
     "free_closed_port",
@@ -32,6 +35,23 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Abort(BaseException):
+    """A BaseException that is neither SystemExit, KeyboardInterrupt nor GreenletExit."""
+
+
+def raise_like_a_time_limit() -> None:
+    """Raise what a handler's own time limit raises: under gevent a gevent.Timeout escaping
+    ``with gevent.Timeout(...)`` (a BaseException), under threads :class:`Abort`."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("socket"):
+        import gevent
+
+        with gevent.Timeout(0.001):
+            gevent.sleep(1.0)
+    raise Abort()
+
 
 DEFAULT_TIMEOUT = 15.0
 

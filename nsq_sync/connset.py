@@ -218,14 +218,25 @@ class ConnectionSet:
             discovery.connect_failed(address)
             return
         with self.lock:
-            if self.stopping:
+            # (discovery dials only what is neither connected nor connecting: a second
+            # connection to one nsqd would be a bug, and its credit would be counted twice)
+            duplicate = address in self.conns
+            added = not (self.stopping or duplicate)
+            if added:
+                self.conns[address] = conn
+                self._connected_at[conn] = time.monotonic()
+                conn.start_reader()
+                self.apply(self.rdy.add(address, conn.max_rdy_count))
+                self.connected.set()
+            else:
                 conn.close()
-                return
-            self.conns[address] = conn
-            self._connected_at[conn] = time.monotonic()
-            conn.start_reader()
-            self.apply(self.rdy.add(address, conn.max_rdy_count))
-            self.connected.set()
+        if duplicate:
+            self.log.warning(
+                "nsqd %s was dialled while connected; closed the new connection", address
+            )
+            discovery.connect_succeeded(address)
+        if not added:
+            return
         discovery.connect_succeeded(address)
         self._timer_wakeup.set()
         self.log.info("connected to nsqd %s (max_rdy_count %d)", address, conn.max_rdy_count)

@@ -203,6 +203,10 @@ class Discovery:
         if self.lookupds and self._round_deadline is None and now >= self.next_poll:
             self._start_round()
         desired = set(self.direct) | self.discovered
+        # `connecting` before `connected`: a connect registers its connection, then leaves
+        # `connecting` (connect_succeeded), so in this order no address is seen in neither and
+        # dialled a second time while it is connected
+        connecting = set(self.connecting)
         connected = self.connected()
         now = self.clock()
         deadlines = []
@@ -210,7 +214,7 @@ class Discovery:
             deadlines.append(self._round_deadline)
         elif self.lookupds:
             deadlines.append(self.next_poll)
-        for address in sorted(desired - connected - self.connecting):
+        for address in sorted(desired - connected - connecting):
             at = self.retry_at.get(address, 0.0)
             if at <= now:
                 self.connecting.add(address)

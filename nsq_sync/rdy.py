@@ -158,7 +158,13 @@ class RDYManager:
     # ------------------------------------------------------------------ events
 
     def add(self, key: Hashable, max_rdy: int) -> list[Action]:
-        """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1."""
+        """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1.
+
+        Raises:
+            ValueError: ``key`` is already added (its credit would be counted twice).
+        """
+        if key in self.conns:
+            raise ValueError(f"connection {key!r} is already added")
         self.conns[key] = ConnRDY(max_rdy=max(1, max_rdy))
         self._recompute_shares()
         actions = self._trim_to_shares()

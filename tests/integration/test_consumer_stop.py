@@ -253,6 +253,32 @@ def test_a_giving_up_handler_raising_any_base_exception_requeues_the_message(
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
 
 
+def test_an_nsqd_dialled_while_connected_keeps_one_connection_and_its_credit(
+    nsqd: NsqdProcess, nsq_topic: str, consumers: Callable[..., Consumer]
+) -> None:
+    """Discovery dials only what is neither connected nor connecting; should a second dial of a
+    connected nsqd ever happen, the new connection is closed and the first keeps its RDY (it
+    used to replace the first in the set, orphaned it, and counted its credit twice: with
+    max_in_flight 1 the new connection never got RDY 1). Forced by dialling directly."""
+    client = prepare(nsqd, nsq_topic)
+    handled: list[bytes] = []
+    consumer = consumers(
+        nsq_topic,
+        CHANNEL,
+        lambda m: handled.append(m.body),
+        nsqd_tcp_addresses=nsqd.tcp_address,
+        max_in_flight=1,
+    )
+    consumer.start()
+    wait_for(lambda: channel(client, nsq_topic)["client_count"] == 1, "the consumer connected")
+    consumer._conns._connect(nsqd.tcp_address)  # returns once nsqd has the new one subscribed
+    wait_for(lambda: channel(client, nsq_topic)["client_count"] == 1, "the new connection closed")
+    client.pub(nsq_topic, b"after")
+    wait_for(lambda: handled == [b"after"], "the message handled on the first connection")
+    assert consumer.stop(TIMEOUT)
+    wait_for(lambda: channel(client, nsq_topic)["client_count"] == 0, "every connection closed")
+
+
 # --------------------------------------------------------------------------- hung lookupd
 
 

@@ -267,3 +267,24 @@ def test_stop_ends_the_task_and_abandon_stops_reconnects() -> None:
     h.d.abandon()
     h.d._run()  # returns at once: the task has nothing more to do
     assert h.dialled == []
+
+
+def test_a_connect_finishing_while_a_step_looks_is_not_dialled_again() -> None:
+    """A connect completes (registers its connection, then leaves `connecting`) just after
+    step() took its snapshot of the connected nsqds: the address must not look neither
+    connected nor connecting. Before, it was dialled a second time; the consumer then held two
+    connections to one nsqd and counted their credit wrongly (RDY stuck at 0 with
+    max_in_flight 1)."""
+    h = Harness(direct=("a:4150",))
+    h.step()
+    assert h.dialled == ["a:4150"]
+
+    def connected_then_the_connect_finishes() -> set[str]:
+        snapshot = set(h.connected)  # taken before the connect registers
+        h.connect_ok("a:4150")  # ... which then completes on its own task
+        return snapshot
+
+    h.d.connected = connected_then_the_connect_finishes
+    h.d._wakeup.set()
+    h.step()
+    assert h.dialled == ["a:4150"]  # not a second time

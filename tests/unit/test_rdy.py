@@ -934,3 +934,13 @@ def test_credit_left_is_rdy_above_in_flight_over_all_connections() -> None:
     assert rdy.credit_left() == 5 + 4
     rdy.set_max_in_flight(0)  # paused: RDY 0 everywhere, nothing may come
     assert rdy.credit_left() == 0
+
+
+def test_a_connection_added_twice_is_refused() -> None:
+    """Adding a key that is already there would replace its state without taking its RDY out
+    of the total (credit counted twice, a later bootstrap RDY refused for good)."""
+    manager, _, _ = make(1)
+    manager.add("a", 2500)
+    with pytest.raises(ValueError, match="already added"):
+        manager.add("a", 2500)
+    assert manager.total_rdy == 1

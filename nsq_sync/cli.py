@@ -260,6 +260,9 @@ def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: A
         nsqd_tcp_addresses=args.nsqd_tcp_addresses,
         lookupd_http_addresses=args.lookupd_http_addresses,
         runtime="threads",
+        # Writing a message out is its handling: never give one up (the default give-up
+        # finishes it unwritten), however often other consumers failed on it before.
+        max_attempts=0,
         **options,
     )
 

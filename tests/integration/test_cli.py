@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from support.nsq import bounded, free_closed_port, prepare_channel, settled_channel, wait_for
 
-from nsq_sync import NsqdHTTPClient
+from nsq_sync import Consumer, Message, NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
 pytestmark = [pytest.mark.integration]
@@ -257,6 +257,37 @@ def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == (b"", b"")  # piped: no progress, nothing extra
     assert sorted(out.read_bytes().splitlines()) == sorted(f"m{i}".encode() for i in range(25))
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
+    assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
+
+
+def test_drain_writes_a_message_delivered_many_times_before(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """A message other consumers failed on 6 times (past the default max_attempts of 5): drain
+    writes it like any other. Before, the consumer gave it up before the output handler ran:
+    finished at nsqd, missing from the output."""
+    prepare_channel(nsqd, nsq_topic, "ch")
+    http(nsqd).pub(nsq_topic, b"poison")
+    deliveries: list[int] = []
+
+    def requeue(message: Message) -> None:
+        deliveries.append(message.attempts)
+        message.requeue(0.0, backoff=False)
+
+    failing = Consumer(
+        nsq_topic, "ch", requeue, nsqd_tcp_addresses=nsqd.tcp_address, max_attempts=0
+    )
+    failing.start()
+    try:
+        wait_for(lambda: len(deliveries) >= 6, "six failed deliveries")
+    finally:
+        assert failing.stop(10.0)
+    done = nsq_sync(
+        "drain", nsq_topic, "ch", "--idle-timeout", "0.5", "--nsqd-tcp-address", nsqd.tcp_address
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"poison\n"
     stats = settled_channel(http(nsqd), nsq_topic, "ch")
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 

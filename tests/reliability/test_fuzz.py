@@ -379,7 +379,11 @@ def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool)
     deadline with retry_unknown=True (then the last cause may also be the deadline cutting
     the last fresh attempt short)."""
     error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=retry_unknown)
-    assert took < 2.5
+    # Bounded, with room for a loaded machine: what this guards against is a publish that
+    # hangs (61 s for publish_timeout=1 before issue 11). Under gevent a deadline is only as
+    # punctual as the other greenlets let it be; CI saw 3.8 s once in a full py313-gevent run
+    # on a busy 2-core machine, while 20 runs alone next to 3 busy processes took ~1.1 s each.
+    assert took < 1.0 + 4.0, f"{took:.2f} s over {len(fake.connections)} connections"
     assert isinstance(error, PublishOutcomeUnknown), error
     if retry_unknown:
         # The last cause: the connection closed again, or the deadline cut the last fresh

@@ -33,12 +33,23 @@ def format_message(message: Message, fmt: str) -> bytes:
 
 
 def writer(stream: BinaryIO, fmt: str, progress: Progress | None = None) -> Any:
-    """A handler writing each message to ``stream``; the write is flushed before the handler
-    returns (and the message is finished)."""
+    """A handler writing each message to ``stream``, written out before the handler returns
+    (and the message is finished).
+
+    The line goes straight to the unbuffered layer under ``stream`` (what is buffered in
+    ``stream`` is flushed first): a write that fails (disk full) leaves nothing behind in a
+    buffer for a later flush to write, so the message, which is requeued, is not written twice.
+    """
+    stream.flush()
+    raw = getattr(stream, "raw", stream)
 
     def handle(message: Message) -> None:
-        stream.write(format_message(message, fmt))
-        stream.flush()
+        data = memoryview(format_message(message, fmt))
+        while data:
+            written = raw.write(data)
+            if written is None:  # (a non-blocking stream that would block)
+                raise BlockingIOError("output would block")
+            data = data[written:]
         if progress is not None:
             progress.add()
 

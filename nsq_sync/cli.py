@@ -382,10 +382,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
             try:
                 output.close()
             except OSError as exc:
-                # Every finished message was flushed before its FIN: what is left in the buffer
-                # belongs to messages whose write failed, and those were requeued.
+                # Every message is written unbuffered before its FIN (_cli_output.writer):
+                # nothing of a finished message is left to write here.
                 log.warning(
-                    "closing %s: %s (unwritten output of failed, requeued messages)",
+                    "closing %s: %s",
                     args.output,
                     exc.strerror or exc,
                 )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 from nsq_sync._progress import Progress
+from nsq_sync.errors import RequeueMessage
 from nsq_sync.message import Message
 
 __all__ = ["STATS_COLUMNS", "format_message", "stats_rows", "table", "writer"]
@@ -32,24 +33,37 @@ def format_message(message: Message, fmt: str) -> bytes:
     return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
-def writer(stream: BinaryIO, fmt: str, progress: Progress | None = None) -> Any:
+def writer(
+    stream: BinaryIO,
+    fmt: str,
+    progress: Progress | None = None,
+    on_broken_pipe: Callable[[], None] | None = None,
+) -> Any:
     """A handler writing each message to ``stream``, written out before the handler returns
     (and the message is finished).
 
     The line goes straight to the unbuffered layer under ``stream`` (what is buffered in
     ``stream`` is flushed first): a write that fails (disk full) leaves nothing behind in a
     buffer for a later flush to write, so the message, which is requeued, is not written twice.
+    ``on_broken_pipe``: called when the reader of a pipe has gone (``nsq-sync tail T | head``);
+    the message is then requeued at once, without backoff.
     """
     stream.flush()
     raw = getattr(stream, "raw", stream)
 
     def handle(message: Message) -> None:
         data = memoryview(format_message(message, fmt))
-        while data:
-            written = raw.write(data)
-            if written is None:  # (a non-blocking stream that would block)
-                raise BlockingIOError("output would block")
-            data = data[written:]
+        try:
+            while data:
+                written = raw.write(data)
+                if written is None:  # (a non-blocking stream that would block)
+                    raise BlockingIOError("output would block")
+                data = data[written:]
+        except BrokenPipeError:
+            if on_broken_pipe is None:
+                raise
+            on_broken_pipe()
+            raise RequeueMessage(0.0, backoff=False) from None
         if progress is not None:
             progress.add()
 

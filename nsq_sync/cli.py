@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import re
-import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -337,6 +337,30 @@ def cmd_pub(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdout_to_devnull() -> None:
+    """Nobody reads standard output any more: later writes (the interpreter's last flush at
+    exit included) go to /dev/null instead of failing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+class _ReaderGone:
+    """Called by the writer when nobody reads our standard output any more (``nsq-sync tail T |
+    head``): stop the consumer gracefully (what was written is finished, the rest requeued), and
+    point the descriptor at /dev/null so the interpreter's last flush does not fail at exit."""
+
+    def __init__(self) -> None:
+        self.consumer: Consumer | None = None
+
+    def __call__(self) -> None:
+        _stdout_to_devnull()
+        if self.consumer is not None:
+            self.consumer.stop(0.0)  # (from a handler: returns at once, the stop goes on)
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
     validate_topic(args.topic)
     if args.channel is None:
@@ -345,9 +369,14 @@ def cmd_tail(args: argparse.Namespace) -> int:
         channel = validate_channel(args.channel)
     _check_sources(args)
     max_in_flight = min(args.count or 200, 200)
+    reader_gone = _ReaderGone()
     consumer = _consumer(
-        args, channel, writer(sys.stdout.buffer, args.format), max_in_flight=max_in_flight
+        args,
+        channel,
+        writer(sys.stdout.buffer, args.format, on_broken_pipe=reader_gone),
+        max_in_flight=max_in_flight,
     )
+    reader_gone.consumer = consumer
     summary = consumer.run(max_messages=args.count)
     return summary.exit_status
 
@@ -369,10 +398,16 @@ def cmd_drain(args: argparse.Namespace) -> int:
             output = open(args.output, "wb")  # noqa: SIM115 (closed below, after the run)
         except OSError as exc:
             raise UsageError(f"cannot open -o {args.output}: {exc.strerror or exc}") from None
+    reader_gone = _ReaderGone() if output is sys.stdout.buffer else None
     try:
         consumer = _consumer(
-            args, channel, writer(output, args.format, progress), max_in_flight=args.max_in_flight
+            args,
+            channel,
+            writer(output, args.format, progress, on_broken_pipe=reader_gone),
+            max_in_flight=args.max_in_flight,
         )
+        if reader_gone is not None:
+            reader_gone.consumer = consumer
         progress.start()
         summary = consumer.run(
             timeout=args.timeout, idle_timeout=args.idle_timeout, max_messages=args.max_messages
@@ -453,11 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(stream=sys.stderr, level=level, format=f"{where}: %(message)s")
-    if hasattr(signal, "SIGPIPE"):  # `nsq-sync tail T | head` ends quietly, as cat does
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         status: int = args.func(args)
         return status
+    except BrokenPipeError:  # `nsq-sync stats | head -1`: the reader had what it wanted
+        _stdout_to_devnull()
+        return 0
     except (UsageError, InvalidName, InvalidBody, ConfigError) as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
         return 2

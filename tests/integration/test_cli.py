@@ -346,6 +346,43 @@ def test_drain_stopped_by_sigterm_after_failures_exits_0(nsqd: NsqdProcess, nsq_
     assert stats["depth"] + stats["deferred_count"] == 2  # nothing was lost
 
 
+@pytest.mark.parametrize("command", ["tail", "drain"])
+def test_a_reader_that_goes_away_stops_it_gracefully(
+    nsqd: NsqdProcess, nsq_topic: str, command: str
+) -> None:
+    """`nsq-sync tail -c ch T | head -3` (or drain): once the reader has gone, the next write
+    fails; the command stops gracefully and exits 0, without a traceback. What it wrote was
+    finished, the message whose write failed and everything else went back to nsqd; nothing is
+    left in flight. Before, SIGPIPE killed it (exit 141): FINs it held were never sent and up
+    to 100 messages waited in flight for nsqd's timeout, to be delivered again."""
+    prepare_channel(nsqd, nsq_topic, "ch", 5)
+    args = (
+        ["tail", nsq_topic, "-c", "ch"]
+        if command == "tail"
+        else ["drain", nsq_topic, "ch", "--idle-timeout", "600"]
+    )
+    proc = spawn(*args, "--nsqd-tcp-address", nsqd.tcp_address)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]
+        proc.stdout.close()  # `head` has what it wanted
+        http(nsqd).mpub(nsq_topic, [b"later%d" % i for i in range(50)])  # writes that fail
+        proc.wait(timeout=RUN_TIMEOUT)  # (its stderr is a few lines at most: no deadlock)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err, err
+    assert all(line.startswith(b"m") for line in lines), lines
+    stats = settled_channel(http(nsqd), nsq_topic, "ch")
+    assert (stats["in_flight_count"], stats["timeout_count"]) == (0, 0)
+    finished = 55 - stats["depth"] - stats["deferred_count"]
+    assert 3 <= finished < 55  # what was written, and not what failed to be
+
+
 def test_drain_draws_progress_on_a_terminal_only(nsqd: NsqdProcess, nsq_topic: str) -> None:
     prepare_channel(nsqd, nsq_topic, "ch", 30)
     master, slave = pty.openpty()

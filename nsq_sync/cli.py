@@ -215,28 +215,62 @@ def _http_call(what: str, client: Any, call: Any) -> Any:
         ) from None
 
 
-def _check_nsqds(addresses: Sequence[str]) -> None:
-    """Fail fast (exit 1) when an nsqd does not accept connections: a consumer would retry
-    quietly for ever."""
+def _reachable(addresses: Sequence[str], check: Any) -> list[str]:
+    """The addresses for which ``check(address)`` does not raise Unreachable. Fails fast
+    (Unreachable: exit 1, one line naming the first) only when none is reachable, as a consumer
+    would retry quietly for ever; with some reachable, each of the others is a warning and the
+    command goes on (a consumer or producer reconnects to it when it is back)."""
+    ok: list[str] = []
+    errors: list[Unreachable] = []
     for address in addresses:
-        # a full handshake: a bare TCP connect and close makes nsqd log an ERROR every run
-        conn = NsqdConnection(address, Config(dial_timeout=DIAL_TIMEOUT), runtime="threads")
         try:
-            conn.connect()
-        except NSQConnectionError as exc:
-            raise _unreachable("nsqd", address, exc) from None
-        except NSQError as exc:  # e.g. an HTTP port, TLS or AUTH required
-            raise Unreachable(f"nsqd {address}: {exc}") from None
-        finally:
-            conn.close()
+            check(address)
+        except Unreachable as exc:
+            errors.append(exc)
+        else:
+            ok.append(address)
+    if errors and not ok:
+        raise errors[0]
+    for error in errors:
+        log.warning("%s; going on with the others", error)
+    return ok
+
+
+def _check_nsqd(address: str) -> None:
+    # a full handshake: a bare TCP connect and close makes nsqd log an ERROR every run
+    conn = NsqdConnection(address, Config(dial_timeout=DIAL_TIMEOUT), runtime="threads")
+    try:
+        conn.connect()
+    except NSQConnectionError as exc:
+        raise _unreachable("nsqd", address, exc) from None
+    except NSQError as exc:  # e.g. an HTTP port, TLS or AUTH required
+        raise Unreachable(f"nsqd {address}: {exc}") from None
+    finally:
+        conn.close()
+
+
+def _check_lookupd(address: str) -> None:
+    with LookupdClient(address) as client:
+        _http_call("nsqlookupd", client, lambda c: c.ping())
+
+
+def _lookupd_answers(addresses: Sequence[str], call: Any) -> list[Any]:
+    """``call(client)`` on every lookupd that answers (see _reachable: fails only when none
+    does)."""
+    answers: list[Any] = []
+
+    def ask(address: str) -> None:
+        with LookupdClient(address) as client:
+            answers.append(_http_call("nsqlookupd", client, call))
+
+    _reachable(addresses, ask)
+    return answers
 
 
 def _lookup(args: argparse.Namespace, topic: str) -> list[str]:
     """tcp addresses of the nsqds that carry ``topic``, from every lookupd (merged)."""
     found: set[str] = set()
-    for address in args.lookupd_http_addresses:
-        with LookupdClient(address) as client:
-            producers = _http_call("nsqlookupd", client, lambda c: c.lookup(topic))
+    for producers in _lookupd_answers(args.lookupd_http_addresses, lambda c: c.lookup(topic)):
         found.update(p.tcp_address for p in producers)
     return sorted(found)
 
@@ -246,10 +280,12 @@ def _check_sources(args: argparse.Namespace) -> None:
     answer."""
     if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
         raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
-    _check_nsqds(args.nsqd_tcp_addresses)
-    for address in args.lookupd_http_addresses:
-        with LookupdClient(address) as client:
-            _http_call("nsqlookupd", client, lambda c: c.ping())
+    # any one reachable source will do (the consumer reconnects to the others)
+    nsqds = set(args.nsqd_tcp_addresses)
+    _reachable(
+        [*args.nsqd_tcp_addresses, *args.lookupd_http_addresses],
+        lambda a: _check_nsqd(a) if a in nsqds else _check_lookupd(a),
+    )
 
 
 def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: Any) -> Consumer:
@@ -309,15 +345,16 @@ def cmd_pub(args: argparse.Namespace) -> int:
         bodies = _stdin_bodies(sys.stdin.buffer)
     addresses = list(args.nsqd_tcp_addresses)
     if not addresses and args.lookupd_http_addresses:
-        for address in args.lookupd_http_addresses:
-            with LookupdClient(address) as client:
-                nodes = _http_call("nsqlookupd", client, lambda c: c.nodes())
+        for nodes in _lookupd_answers(args.lookupd_http_addresses, lambda c: c.nodes()):
             addresses += [n.tcp_address for n in nodes if n.tcp_address not in addresses]
         if not addresses:
             raise Unreachable("no nsqd is registered with nsqlookupd")
     if not addresses:
         raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
-    _check_nsqds(addresses)  # one clear line now rather than retries until the publish timeout
+    # one clear line now rather than retries until the publish timeout when none is up; the
+    # reachable ones first (the producer fails over to the others if they come back)
+    up = _reachable(addresses, _check_nsqd)
+    addresses = up + [a for a in addresses if a not in up]
     sent = 0
     began = time.monotonic()
     with Producer(addresses) as producer:

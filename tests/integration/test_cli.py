@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.nsq import bounded, free_closed_port, prepare_channel, settled_channel, wait_for
+from support.nsq import (
+    bounded,
+    free_closed_port,
+    message_count,
+    prepare_channel,
+    settled_channel,
+    wait_for,
+)
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
@@ -174,6 +181,31 @@ def test_an_unreachable_server_is_one_line_naming_it_and_exit_1(args: list[str])
     line = one_clear_line(done.stderr)
     assert f"127.0.0.1:{port}" in line
     assert "cannot reach" in line
+
+
+@pytest.mark.parametrize("command", ["pub", "drain"])
+def test_one_server_down_of_several_is_a_warning_and_the_others_serve(
+    nsqd: NsqdProcess, nsq_topic: str, command: str
+) -> None:
+    """Two nsqds given, one down: pub publishes through the other and drain drains the other,
+    each with one warning naming the one down (before, the check before the run required every
+    server and exited 1 with nothing done: no failover)."""
+    down = f"127.0.0.1:{free_closed_port()}"
+    servers = ["--nsqd-tcp-address", down, "--nsqd-tcp-address", nsqd.tcp_address]
+    if command == "pub":
+        done = nsq_sync(*servers, "pub", nsq_topic, "hello")
+        assert done.returncode == 0, done.stderr
+        assert message_count(nsqd.http_address, nsq_topic) == 1
+        lines = [one_clear_line(done.stderr)]
+    else:
+        prepare_channel(nsqd, nsq_topic, "ch", 3)
+        done = nsq_sync(*servers, "drain", nsq_topic, "ch", "--idle-timeout", "0.5")
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.splitlines()) == [b"m0", b"m1", b"m2"]
+        # (then the consumer's own warnings as it tries the one down)
+        assert b"Traceback" not in done.stderr
+        lines = done.stderr.decode().splitlines()
+    assert f"cannot reach nsqd {down}" in lines[0] and "going on with the others" in lines[0]
 
 
 @pytest.mark.parametrize(

@@ -395,7 +395,9 @@ class _ReaderGone:
     def __call__(self) -> None:
         _stdout_to_devnull()
         if self.consumer is not None:
-            self.consumer.stop(0.0)  # (from a handler: returns at once, the stop goes on)
+            # from a handler it returns at once; the stop goes on (its default deadline lets
+            # every message received be requeued before the connections close)
+            self.consumer.stop()
 
 
 def cmd_tail(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -371,6 +372,10 @@ def _publish_to_fake(
         return info.value, t1 - t0, fake
 
 
+_ISOLATED = "NSQ_SYNC_TEST_ISOLATED"
+_RUN_GEVENT = Path(__file__).resolve().parents[1] / "run_gevent.py"
+
+
 @pytest.mark.parametrize("retry_unknown", [False, True])
 def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool) -> None:
     """With a single nsqd that keeps closing the connection after PUB, publish raises
@@ -378,12 +383,25 @@ def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool)
     at once by default (never resent), after resending it on fresh connections until the
     deadline with retry_unknown=True (then the last cause may also be the deadline cutting
     the last fresh attempt short)."""
+    if "gevent.monkey" in sys.modules and not os.environ.get(_ISOLATED):
+        # Under gevent a deadline is only as punctual as the process's other greenlets let it
+        # be: late in a full gevent run this case took 3.8 s (py313) and 26 s (PyPy) for a 1 s
+        # timeout, while alone it takes ~1.1 s (20 runs next to 3 busy processes). Something
+        # an earlier test leaves running slows the hub (an open question): the timing is
+        # checked in a fresh gevent process of its own.
+        node = f"{__file__}::{test_producer_reports_a_stream_closed_before_any_answer.__name__}"
+        done = subprocess.run(
+            [sys.executable, str(_RUN_GEVENT), "-q", "-p", "no:cacheprovider", "-p",
+             "no:randomly", f"{node}[{retry_unknown}]"],
+            env={**os.environ, _ISOLATED: "1"},
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout.decode()[-3000:]
+        return
     error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=retry_unknown)
-    # Bounded, with room for a loaded machine: what this guards against is a publish that
-    # hangs (61 s for publish_timeout=1 before issue 11). Under gevent a deadline is only as
-    # punctual as the other greenlets let it be; CI saw 3.8 s once in a full py313-gevent run
-    # on a busy 2-core machine, while 20 runs alone next to 3 busy processes took ~1.1 s each.
-    assert took < 1.0 + 4.0, f"{took:.2f} s over {len(fake.connections)} connections"
+    assert took < 2.5, f"{took:.2f} s over {len(fake.connections)} connections"
     assert isinstance(error, PublishOutcomeUnknown), error
     if retry_unknown:
         # The last cause: the connection closed again, or the deadline cut the last fresh

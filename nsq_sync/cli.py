@@ -20,19 +20,27 @@ import argparse
 import logging
 import os
 import random
-import re
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit
 
 from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
+from nsq_sync._cli_servers import (
+    Unreachable,
+    UsageError,
+    check_nsqd,
+    check_sources,
+    host_port,
+    http_call,
+    lookup,
+    lookupd_answers,
+    reachable,
+    why,
+)
 from nsq_sync._progress import Progress
 from nsq_sync._version import __version__
-from nsq_sync.config import Config
-from nsq_sync.connection import NsqdConnection
 from nsq_sync.consumer import Consumer
 from nsq_sync.errors import (
     ConfigError,
@@ -59,17 +67,6 @@ COMMON = (
     ("lookupd_http_addresses", "--lookupd-http-address", "URL", "an nsqlookupd's HTTP address"),
     ("nsqd_http_addresses", "--nsqd-http-address", "URL", "an nsqd's HTTP address"),
 )
-DIAL_TIMEOUT = 5.0
-
-
-class UsageError(Exception):
-    """Bad usage found after parsing (exit 2, nothing sent)."""
-
-
-class Unreachable(Exception):
-    """A server could not be reached (exit 1); the message names its host:port."""
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -180,114 +177,6 @@ def _merge_common(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- errors
 
 
-def _host_port(url_or_address: str) -> str:
-    return urlsplit(url_or_address).netloc or url_or_address
-
-
-def _why(exc: BaseException) -> str:
-    """A short reason (the innermost OS error's text) for an unreachable server."""
-    match = re.search(r"\[Errno -?\d+\] ([^\"'()]+)", str(exc))
-    if match:
-        return match.group(1).strip().rstrip(".")
-    text = str(exc)
-    if "timed out" in text.lower():
-        return "timed out"
-    if "RemoteDisconnected" in text or "BadStatusLine" in text or "aborted" in text:
-        return "no HTTP answer (is this its HTTP port?)"
-    return "no answer"
-
-
-def _unreachable(what: str, address: str, exc: BaseException) -> Unreachable:
-    return Unreachable(f"cannot reach {what} {_host_port(address)}: {_why(exc)}")
-
-
-def _http_call(what: str, client: Any, call: Any) -> Any:
-    """``call(client)``; a request that got no answer, or an HTTP error, becomes one line
-    naming the server (Unreachable)."""
-    try:
-        return call(client)
-    except HTTPAPIError as exc:
-        if exc.status is None:
-            raise _unreachable(what, client.address, exc) from None
-        raise Unreachable(
-            f"{what} {_host_port(client.address)} answered HTTP {exc.status} "
-            f"({exc.body.strip()[:100] or 'no body'}): is this an {what} HTTP address?"
-        ) from None
-
-
-def _reachable(addresses: Sequence[str], check: Any) -> list[str]:
-    """The addresses for which ``check(address)`` does not raise Unreachable. Fails fast
-    (Unreachable: exit 1, one line naming the first) only when none is reachable, as a consumer
-    would retry quietly for ever; with some reachable, each of the others is a warning and the
-    command goes on (a consumer or producer reconnects to it when it is back)."""
-    ok: list[str] = []
-    errors: list[Unreachable] = []
-    for address in addresses:
-        try:
-            check(address)
-        except Unreachable as exc:
-            errors.append(exc)
-        else:
-            ok.append(address)
-    if errors and not ok:
-        raise errors[0]
-    for error in errors:
-        log.warning("%s; going on with the others", error)
-    return ok
-
-
-def _check_nsqd(address: str) -> None:
-    # a full handshake: a bare TCP connect and close makes nsqd log an ERROR every run
-    conn = NsqdConnection(address, Config(dial_timeout=DIAL_TIMEOUT), runtime="threads")
-    try:
-        conn.connect()
-    except NSQConnectionError as exc:
-        raise _unreachable("nsqd", address, exc) from None
-    except NSQError as exc:  # e.g. an HTTP port, TLS or AUTH required
-        raise Unreachable(f"nsqd {address}: {exc}") from None
-    finally:
-        conn.close()
-
-
-def _check_lookupd(address: str) -> None:
-    with LookupdClient(address) as client:
-        _http_call("nsqlookupd", client, lambda c: c.ping())
-
-
-def _lookupd_answers(addresses: Sequence[str], call: Any) -> list[Any]:
-    """``call(client)`` on every lookupd that answers (see _reachable: fails only when none
-    does)."""
-    answers: list[Any] = []
-
-    def ask(address: str) -> None:
-        with LookupdClient(address) as client:
-            answers.append(_http_call("nsqlookupd", client, call))
-
-    _reachable(addresses, ask)
-    return answers
-
-
-def _lookup(args: argparse.Namespace, topic: str) -> list[str]:
-    """tcp addresses of the nsqds that carry ``topic``, from every lookupd (merged)."""
-    found: set[str] = set()
-    for producers in _lookupd_answers(args.lookupd_http_addresses, lambda c: c.lookup(topic)):
-        found.update(p.tcp_address for p in producers)
-    return sorted(found)
-
-
-def _check_sources(args: argparse.Namespace) -> None:
-    """Usage first (exit 2), then reachability (exit 1): nsqds accept connections, lookupds
-    answer."""
-    if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
-        raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
-    # any one reachable source will do (the consumer reconnects to the others)
-    nsqds = set(args.nsqd_tcp_addresses)
-    _reachable(
-        [*args.nsqd_tcp_addresses, *args.lookupd_http_addresses],
-        lambda a: _check_nsqd(a) if a in nsqds else _check_lookupd(a),
-    )
-
-
 def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: Any) -> Consumer:
     return Consumer(
         args.topic,
@@ -345,7 +234,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
         bodies = _stdin_bodies(sys.stdin.buffer)
     addresses = list(args.nsqd_tcp_addresses)
     if not addresses and args.lookupd_http_addresses:
-        for nodes in _lookupd_answers(args.lookupd_http_addresses, lambda c: c.nodes()):
+        for nodes in lookupd_answers(args.lookupd_http_addresses, lambda c: c.nodes()):
             addresses += [n.tcp_address for n in nodes if n.tcp_address not in addresses]
         if not addresses:
             raise Unreachable("no nsqd is registered with nsqlookupd")
@@ -353,7 +242,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
         raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
     # one clear line now rather than retries until the publish timeout when none is up; the
     # reachable ones first (the producer fails over to the others if they come back)
-    up = _reachable(addresses, _check_nsqd)
+    up = reachable(addresses, check_nsqd)
     addresses = up + [a for a in addresses if a not in up]
     sent = 0
     began = time.monotonic()
@@ -406,7 +295,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
         channel = f"nsq_sync_tail{random.randrange(10**6):06d}#ephemeral"
     else:
         channel = validate_channel(args.channel)
-    _check_sources(args)
+    check_sources(args)
     max_in_flight = min(args.count or 200, 200)
     reader_gone = _ReaderGone()
     consumer = _consumer(
@@ -425,9 +314,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
     channel = validate_channel(args.channel)
     if args.max_messages is not None:
         args.max_in_flight = min(args.max_in_flight, args.max_messages)
-    _check_sources(args)
+    check_sources(args)
     no_nsqd = args.lookupd_http_addresses and not args.nsqd_tcp_addresses
-    if no_nsqd and not _lookup(args, args.topic):
+    if no_nsqd and not lookup(args, args.topic):
         log.info("no nsqd carries %s: nothing to drain", args.topic)
         return 0
     progress = Progress(sys.stderr, "messages")
@@ -485,18 +374,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
             raise UsageError("needs --nsqd-http-address or --lookupd-http-address")
         for address in args.lookupd_http_addresses:
             with LookupdClient(address) as client:
-                nodes = _http_call("nsqlookupd", client, lambda c: c.nodes())
+                nodes = http_call("nsqlookupd", client, lambda c: c.nodes())
             addresses += [n.http_address for n in nodes if n.http_address not in addresses]
     rows: list[list[str]] = []
     failures: list[str] = []
     for address in addresses:
         with NsqdHTTPClient(address) as client:
             try:
-                stats = _http_call("nsqd", client, lambda c: c.stats(topic=topic))
+                stats = http_call("nsqd", client, lambda c: c.stats(topic=topic))
             except (Unreachable, HTTPAPIError) as exc:
                 failures.append(str(exc))
                 continue
-        rows += stats_rows(_host_port(address), stats)
+        rows += stats_rows(host_port(address), stats)
     if rows or not failures:
         sys.stdout.write(table(STATS_COLUMNS, rows))
     for failure in failures:
@@ -508,7 +397,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     topic = validate_topic(args.topic)
     if not args.lookupd_http_addresses:
         raise UsageError("needs --lookupd-http-address")
-    for address in _lookup(args, topic):
+    for address in lookup(args, topic):
         print(address)
     return 0
 
@@ -542,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PublishError as exc:
         reason = exc.reason
         if isinstance(reason, NSQConnectionError) and reason.address:
-            print(f"{where}: cannot reach nsqd {reason.address}: {_why(reason)}", file=sys.stderr)
+            print(f"{where}: cannot reach nsqd {reason.address}: {why(reason)}", file=sys.stderr)
         else:
             print(f"{where}: {exc}", file=sys.stderr)
         return 1

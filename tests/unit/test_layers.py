@@ -34,7 +34,17 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("facades", {"consumer", "batch", "running", "producer"}),
     (
         "integrations and tools",
-        {"cli", "_cli_output", "_progress", "__main__", "__init__", "contrib", "spark", "testing"},
+        {
+            "cli",
+            "_cli_output",
+            "_cli_servers",
+            "_progress",
+            "__main__",
+            "__init__",
+            "contrib",
+            "spark",
+            "testing",
+        },
     ),
 ]
 

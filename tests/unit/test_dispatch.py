@@ -396,10 +396,13 @@ def test_a_burst_is_finished_in_batches_in_order(concurrency: int) -> None:
         assert sum(len(b) for b in h.batches) == len(messages)
         assert all(len(b) <= FIN_BATCH for b in h.batches)
         if concurrency == 1:
-            # one worker: the FINs go out in delivery order, in writes of at most FIN_BATCH (a
-            # worker descheduled for longer than FIN_HOLD on a busy machine may split a batch
-            # in two: the boundaries are timing, the order is not)
-            assert [i for b in h.batches for i in b] == [m.id for m in messages]
+            # one worker: each write holds its FINs in delivery order, at most FIN_BATCH of them.
+            # The boundaries and the order of the writes are timing: a worker descheduled for
+            # longer than FIN_HOLD lets the backstop take part of the held FINs, and the two
+            # writes may go out in either order (nsqd does not care; PyPy in CI showed it)
+            position = {m.id: i for i, m in enumerate(messages)}
+            for b in h.batches:
+                assert [position[i] for i in b] == sorted(position[i] for i in b)
             assert len(h.batches) >= len(messages) // FIN_BATCH
 
 

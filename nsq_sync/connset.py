@@ -160,7 +160,16 @@ class ConnectionSet:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         with self.lock:
+            budget = self.rdy.budget
+            if budget is not None:  # a run(max_messages=): never more credit than it wants
+                max_in_flight = min(max_in_flight, budget)
             self.apply(self.rdy.set_max_in_flight(max_in_flight))
+        self._timer_wakeup.set()
+
+    def set_budget(self, budget: int) -> None:
+        """Deliver no more than ``budget`` messages from now on (see RDYManager.set_budget)."""
+        with self.lock:
+            self.apply(self.rdy.set_budget(budget))
         self._timer_wakeup.set()
 
     def send(self, conn: NsqdConnection, data: bytes) -> bool:

@@ -323,6 +323,10 @@ class Consumer:
         """Install the run's gate on handler calls (see WorkerPool.admit)."""
         self._pool.admit = admit
 
+    def _set_budget(self, budget: int) -> None:
+        """Let nsqd deliver at most ``budget`` more messages (run(max_messages=))."""
+        self._conns.set_budget(budget)
+
     def _nothing_to_consume(self) -> bool:
         """No nsqd to connect to: no direct address, and lookupd answered that none carries the
         topic. For run(), waiting then is idle (nothing will arrive), unlike reconnecting."""

@@ -27,7 +27,12 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   another connection if its nsqd sends nothing for ``low_rdy_idle_timeout``; sent when a
   connection joins or the consumer resumes if nobody could take it at expiry). A success
   lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
-  backoff window: results that arrive while the timer runs are ignored.
+  backoff window: results that arrive while the timer runs are ignored;
+* a *budget* (``Consumer.run(max_messages=)``) bounds the deliveries still wanted: every answer
+  (FIN or REQ) spends one, and ``max_in_flight`` is lowered to the budget left before the answer
+  goes out, so nsqd never delivers more than the run will handle. Messages delivered beyond it
+  would be handed back, and each delivery counts an attempt at nsqd: a message refused by a
+  few cron runs in a row would be given up without ever reaching its handler.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ class RDYManager:
         self.unproductive_after = max(0.1, min(low_rdy_idle_timeout, redistribute_interval) / 10)
         self._shares: dict[Hashable, int] = {}
         self._total = 0
+        #: answers (FIN/REQ) still wanted, or None for no bound (see :meth:`set_budget`)
+        self.budget: int | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -213,6 +220,10 @@ class RDYManager:
 
     def on_finish(self, key: Hashable) -> list[Action]:
         """A message of ``key`` was finished (FIN): one success for backoff."""
+        if self.budget is not None:
+            spent = self._spend()
+            self._done(key)
+            return spent + self._result(success=True)
         self._done(key)
         return self._result(success=True)
 
@@ -223,6 +234,10 @@ class RDYManager:
         """
         if self.backoff_level:
             return False
+        if self.budget is not None:
+            if self.budget - n < self.max_in_flight:
+                return False  # the credit must shrink first: one by one
+            self.budget -= n
         conn = self.conns.get(key)
         if conn is not None:
             conn.in_flight = max(0, conn.in_flight - n)
@@ -230,8 +245,22 @@ class RDYManager:
 
     def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
         """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""
+        spent = self._spend() if self.budget is not None else []
         self._done(key)
-        return self._result(success=False) if backoff else []
+        return spent + (self._result(success=False) if backoff else [])
+
+    def set_budget(self, budget: int) -> list[Action]:
+        """Bound the answers still wanted to ``budget`` (an int >= 0): from now on every FIN or
+        REQ spends one, and the credit never exceeds what is left, so nsqd delivers no more
+        messages than that. Lowers ``max_in_flight`` at once if it is higher."""
+        self.budget = budget
+        return self.set_max_in_flight(budget) if budget < self.max_in_flight else []
+
+    def _spend(self) -> list[Action]:
+        """One answer of the budget; the credit shrinks to what is left (RDY goes out first)."""
+        budget = max(0, (self.budget or 0) - 1)
+        self.budget = budget
+        return self.set_max_in_flight(budget) if budget < self.max_in_flight else []
 
     def set_max_in_flight(self, max_in_flight: int) -> list[Action]:
         """Change the total credit at run time; 0 pauses (RDY 0 everywhere)."""

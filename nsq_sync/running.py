@@ -15,7 +15,11 @@ gracefully and returns a :class:`RunSummary`:
 * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and messages
   given up without one). The consumer pauses (RDY 0) at once and no further call starts:
   messages that arrive after that are requeued at once with no delay, like those ``stop()``
-  hands back.
+  hands back. There are next to none: the run's credit never exceeds the places left
+  (``max_in_flight`` is lowered to ``max_messages`` minus the messages answered, before each
+  answer goes out), so nsqd delivers no more than the run handles. This matters because nsqd
+  counts an attempt at every delivery: a message handed back by several runs in a row would
+  reach ``max_attempts`` and be given up without its handler ever seeing it.
 
 Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
 ``idle_timeout`` if that is shorter), so ends come at most that late.
@@ -174,6 +178,8 @@ def run_to_end(
     before = stats()
     admission = _Admission(limit, on_reached=lambda: consumer.set_max_in_flight(0))
     consumer._set_admit(admission)
+    if limit is not None:
+        consumer._set_budget(limit)
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -70,7 +70,7 @@ def test_idle_timeout_ends_a_drain_with_everything_finished(
     assert consumer.stats().finished == 40
 
 
-def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once(
+def test_max_messages_starts_no_more_handler_calls_and_nsqd_delivers_no_more(
     nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
     client = prepare_channel(nsqd, nsq_topic, CHANNEL, 60)
@@ -81,13 +81,59 @@ def test_max_messages_starts_no_more_handler_calls_and_requeues_the_rest_at_once
     assert handler.calls == 10
     assert (summary.handled, summary.finished, summary.failed) == (10, 10, 0)
     assert summary.ok
-    # everything received beyond the 10 went back with no delay: all 50 are ready again
+    # the credit shrank with the places left: nsqd delivered the 10 and nothing more, so no
+    # message got an attempt counted without a handler call
+    assert consumer.stats().received == 10
+    assert summary.requeued == 0
     stats = settled_channel(client, nsq_topic, CHANNEL)
     assert stats["in_flight_count"] == 0
     assert stats["deferred_count"] == 0
     assert stats["depth"] == 50
-    assert summary.requeued == consumer.stats().received - 10
-    assert summary.requeued == stats["requeue_count"]
+    assert stats["requeue_count"] == 0
+
+
+def test_cron_runs_with_max_messages_never_give_up_a_message_they_did_not_handle(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """A cron job runs ``run(max_messages=10)`` six times over 60 messages, max_in_flight 25,
+    max_attempts 2. nsqd counts an attempt at every delivery: when each run received 25 and
+    handed 15 back, the third delivery of a message found it past max_attempts, and it was
+    given up without its handler ever seeing it."""
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL, 60)
+    handler = Handled()
+    gave_up: list[bytes] = []
+    for _ in range(6):
+        consumer = make(
+            nsqd, nsq_topic, handler, max_in_flight=25, concurrency=3, max_attempts=2,
+            giving_up=lambda message: gave_up.append(message.body),
+        )  # fmt: skip
+        summary = consumer.run(max_messages=10, timeout=30.0)
+        assert (summary.reason, summary.handled, summary.finished) == ("max_messages", 10, 10)
+        assert summary.gave_up == 0 and summary.requeued == 0
+    assert gave_up == []
+    assert sorted(handler.bodies) == sorted(f"m{i}".encode() for i in range(60))
+    stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
+
+
+def test_max_messages_on_two_nsqds_hands_back_next_to_nothing(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """Credit split over two nsqds: the run's budget bounds the sum. Moving credit from one
+    nsqd to the other may let one message more through (an nsqd may send before its RDY 0
+    arrives), so a few may go back; never the max_in_flight - max_messages of before."""
+    servers = [nsqd_factory(), nsqd_factory()]
+    for server in servers:
+        prepare_channel(server, nsq_topic, CHANNEL, 30)
+    handler = Handled()
+    consumer = Consumer(
+        nsq_topic, CHANNEL, handler, max_in_flight=40, concurrency=3,
+        nsqd_tcp_addresses=[s.tcp_address for s in servers],
+    )  # fmt: skip
+    summary = consumer.run(max_messages=12, timeout=30.0)
+    assert (summary.reason, summary.handled, summary.finished) == ("max_messages", 12, 12)
+    assert handler.calls == 12
+    assert consumer.stats().received - 12 == summary.requeued <= 2
 
 
 def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, nsq_topic: str) -> None:

@@ -78,10 +78,17 @@ class Wire:
         return self.apply(self.m.on_message(key))
 
     def finish(self, key: Hashable) -> list[tuple[Any, int]]:
-        return self.apply(self.m.on_finish(key))
+        before = self.m.max_in_flight  # an answer may lower it (a budget): decreases first
+        return self.apply(self.m.on_finish(key), limit=max(before, self.m.max_in_flight))
 
     def requeue(self, key: Hashable, backoff: bool = True) -> list[tuple[Any, int]]:
-        return self.apply(self.m.on_requeue(key, backoff=backoff))
+        before = self.m.max_in_flight
+        actions = self.m.on_requeue(key, backoff=backoff)
+        return self.apply(actions, limit=max(before, self.m.max_in_flight))
+
+    def set_budget(self, n: int) -> list[tuple[Any, int]]:
+        before = self.m.max_in_flight
+        return self.apply(self.m.set_budget(n), limit=max(before, n))
 
     def tick(self) -> list[tuple[Any, int]]:
         return self.apply(self.m.tick())
@@ -795,7 +802,18 @@ class RDYMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 12))
     def set_max_in_flight(self, n: int) -> None:
+        if self.m.budget is not None:
+            n = min(n, self.m.budget)  # as ConnectionSet caps it during a run(max_messages=)
         self.wire.set_max_in_flight(n)
+
+    @rule(n=st.integers(0, 30))
+    def set_budget(self, n: int) -> None:
+        self.wire.set_budget(n)
+
+    @invariant()
+    def credit_stays_within_the_budget(self) -> None:
+        if hasattr(self, "wire") and self.m.budget is not None:
+            assert self.wire.total <= self.m.max_in_flight <= max(self.m.budget, 0)
 
     @invariant()
     def credit_is_bounded(self) -> None:
@@ -892,6 +910,51 @@ def test_quiet_finish_is_refused_in_backoff_where_each_fin_is_a_step() -> None:
     assert m.finish_quietly(key, 1) is False
     assert m.conns[key].in_flight == in_flight and m.backoff_level == 1  # nothing counted
     assert wire.finish(key) == [("c0", 5), ("c1", 5)]  # the one-by-one path steps down
+
+
+def test_a_budget_lowers_the_credit_before_each_answer_goes_out() -> None:
+    """run(max_messages=10) with max_in_flight 25: nsqd may never hold credit for more messages
+    than the run still handles. Each answer's RDY update is returned by the answer itself (the
+    consumer writes it before the FIN), so nsqd cannot refill the slot a FIN frees."""
+    m, wire, _ = make(25)
+    wire.add("a")
+    assert wire.set_budget(10) == []  # RDY 1 (bootstrap) is within it
+    assert m.max_in_flight == 10
+    wire.message("a")
+    assert wire.rdy["a"] == 10
+    for _ in range(9):
+        wire.message("a")
+    for left in range(9, -1, -1):
+        actions = wire.finish("a")
+        assert actions == [("a", left)]  # the RDY first, then the FIN
+        # nsqd sends while in flight < RDY: what it may still deliver fits in what is wanted
+        answered, in_flight = 10 - left, m.conns["a"].in_flight
+        assert answered + max(in_flight, wire.rdy["a"]) <= 10
+    assert m.budget == 0 and wire.total == 0
+
+
+def test_quiet_finish_is_refused_where_the_budget_would_lower_the_credit() -> None:
+    m, wire, _ = make(4)
+    wire.add("a")
+    wire.set_budget(10)
+    wire.apply(m.on_messages("a", 1))
+    wire.apply(m.on_messages("a", 3))
+    assert m.finish_quietly("a", 3) is True  # 7 left, not below max_in_flight 4: counts only
+    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (7, 4, 1)
+    wire.apply(m.on_messages("a", 3))
+    assert m.finish_quietly("a", 4) is False  # 3 left would lower the credit: one by one
+    assert (m.budget, m.conns["a"].in_flight) == (7, 4)  # nothing counted
+    assert [wire.finish("a") for _ in range(4)] == [[], [], [], [("a", 3)]]
+    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (3, 3, 0)
+
+
+def test_a_requeue_spends_the_budget_too() -> None:
+    m, wire, _ = make(2)
+    wire.add("a")
+    wire.set_budget(2)
+    wire.apply(m.on_messages("a", 2))
+    assert wire.requeue("a", backoff=False) == [("a", 1)]
+    assert m.budget == 1
 
 
 def test_scarce_credit_follows_the_connection_that_has_messages() -> None:

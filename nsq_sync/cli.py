@@ -296,7 +296,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     else:
         channel = validate_channel(args.channel)
     check_sources(args)
-    max_in_flight = min(args.count or 200, 200)
+    max_in_flight = 200  # run(max_messages=) lowers it to what --count leaves
     reader_gone = _ReaderGone()
     consumer = _consumer(
         args,
@@ -312,8 +312,6 @@ def cmd_tail(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     validate_topic(args.topic)
     channel = validate_channel(args.channel)
-    if args.max_messages is not None:
-        args.max_in_flight = min(args.max_in_flight, args.max_messages)
     check_sources(args)
     no_nsqd = args.lookupd_http_addresses and not args.nsqd_tcp_addresses
     if no_nsqd and not lookup(args, args.topic):

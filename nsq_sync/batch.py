@@ -16,7 +16,8 @@ stop. Then:
 
 ``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
 batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
-handler runs).
+handler runs). During ``run(max_messages=)`` the credit never exceeds the places left, so the
+last batch holds what is left.
 """
 
 from __future__ import annotations

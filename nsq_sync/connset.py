@@ -160,9 +160,6 @@ class ConnectionSet:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         with self.lock:
-            budget = self.rdy.budget
-            if budget is not None:  # a run(max_messages=): never more credit than it wants
-                max_in_flight = min(max_in_flight, budget)
             self.apply(self.rdy.set_max_in_flight(max_in_flight))
         self._timer_wakeup.set()
 

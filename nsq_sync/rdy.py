@@ -28,11 +28,9 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   connection joins or the consumer resumes if nobody could take it at expiry). A success
   lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
   backoff window: results that arrive while the timer runs are ignored;
-* a *budget* (``Consumer.run(max_messages=)``) bounds the deliveries still wanted: every answer
-  (FIN or REQ) spends one, and ``max_in_flight`` is lowered to the budget left before the answer
-  goes out, so nsqd never delivers more than the run will handle. Messages delivered beyond it
-  would be handed back, and each delivery counts an attempt at nsqd: a message refused by a
-  few cron runs in a row would be given up without ever reaching its handler.
+* a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
+  the nsqds never hold credit for more messages than the run will handle
+  (:mod:`nsq_sync.rdy_budget` says how, and why it matters).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from nsq_sync import rdy_budget
 from nsq_sync.backoff import ExponentialBackoff
 
 Action = tuple[Hashable, int]
@@ -61,6 +60,12 @@ class ConnRDY:
     last_msg_at: float = 0.0
     granted_at: float = 0.0  # when rdy last went from 0 to > 0
     productive: bool = False  # it was delivering when its credit was last taken back
+    cap: int = 0  # a budgeted run: most its nsqd may hold in flight (see rdy_budget)
+    lowered_at: float = 0.0  # a budgeted run: when its RDY was last lowered
+    reclaimed_at: float = 0.0  # a budgeted run: when its idle credit was last taken back
+
+
+_within_budget = rdy_budget.fitted  # an event that may hand out credit (see rdy_budget)
 
 
 class RDYManager:
@@ -104,6 +109,8 @@ class RDYManager:
         self._total = 0
         #: answers (FIN/REQ) still wanted, or None for no bound (see :meth:`set_budget`)
         self.budget: int | None = None
+        #: budgeted run: messages of closed connections not answered yet (they still count)
+        self.unanswered_elsewhere = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -144,8 +151,13 @@ class RDYManager:
         )
 
     def credit_left(self) -> int:
-        """Messages nsqds may still send: RDY above in-flight, summed over connections."""
-        return sum(max(0, c.rdy - c.in_flight) for c in self.conns.values())
+        """Messages nsqds may still send: RDY above in-flight, summed over connections (in a
+        budgeted run, credit taken back and not settled yet too: it may be on its way, or
+        moving to another nsqd)."""
+        left = sum(max(0, c.rdy - c.in_flight) for c in self.conns.values())
+        if self.budget is not None:
+            left += sum(max(0, c.cap - max(c.rdy, c.in_flight)) for c in self.conns.values())
+        return left
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None."""
@@ -160,10 +172,15 @@ class RDYManager:
         unproductive_at = self._unproductive_deadline()
         if unproductive_at is not None:
             deadlines.append(unproductive_at)
+        if self.budget is not None:
+            budget_at = rdy_budget.deadline(self)
+            if budget_at is not None:
+                deadlines.append(budget_at)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------ events
 
+    @_within_budget
     def add(self, key: Hashable, max_rdy: int) -> list[Action]:
         """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1.
 
@@ -183,11 +200,14 @@ class RDYManager:
             actions.append(self._set(key, 1))
         return actions
 
+    @_within_budget
     def remove(self, key: Hashable) -> list[Action]:
         """A connection closed: its credit returns to the pool (handed out on later events)."""
         conn = self.conns.pop(key, None)
         if conn is not None:
             self._total -= conn.rdy
+            if self.budget is not None:  # their handlers still run: their answers will come
+                self.unanswered_elsewhere += conn.in_flight
         self._recompute_shares()
         if self.in_backoff:
             return self._probe_if_none()
@@ -212,6 +232,13 @@ class RDYManager:
         conn.in_flight += n
         conn.last_msg_at = self.clock()
         conn.remaining = max(0, conn.remaining - n)
+        if self.budget is not None:
+            before = rdy_budget.snapshot(self)
+            self._refill(key, conn)
+            return rdy_budget.fit(self, before)
+        return self._refill(key, conn)
+
+    def _refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
         if self.in_backoff or self.max_in_flight == 0:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
@@ -221,9 +248,10 @@ class RDYManager:
     def on_finish(self, key: Hashable) -> list[Action]:
         """A message of ``key`` was finished (FIN): one success for backoff."""
         if self.budget is not None:
-            spent = self._spend()
-            self._done(key)
-            return spent + self._result(success=True)
+            before = rdy_budget.snapshot(self)
+            rdy_budget.spend(self, key)
+            self._result(success=True)
+            return rdy_budget.fit(self, before, key)
         self._done(key)
         return self._result(success=True)
 
@@ -234,34 +262,32 @@ class RDYManager:
         """
         if self.backoff_level:
             return False
-        if self.budget is not None:
-            if self.budget - n < self.max_in_flight:
-                return False  # the credit must shrink first: one by one
-            self.budget -= n
         conn = self.conns.get(key)
+        if self.budget is not None and not rdy_budget.quiet_answers_fit(self, key, n):
+            return False  # RDY must shrink first: one by one (each RDY goes out before its FIN)
         if conn is not None:
             conn.in_flight = max(0, conn.in_flight - n)
         return True
 
     def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
         """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""
-        spent = self._spend() if self.budget is not None else []
+        if self.budget is not None:
+            before = rdy_budget.snapshot(self)
+            rdy_budget.spend(self, key)
+            if backoff:
+                self._result(success=False)
+            return rdy_budget.fit(self, before, key)
         self._done(key)
-        return spent + (self._result(success=False) if backoff else [])
+        return self._result(success=False) if backoff else []
 
-    def set_budget(self, budget: int) -> list[Action]:
-        """Bound the answers still wanted to ``budget`` (an int >= 0): from now on every FIN or
-        REQ spends one, and the credit never exceeds what is left, so nsqd delivers no more
-        messages than that. Lowers ``max_in_flight`` at once if it is higher."""
-        self.budget = budget
-        return self.set_max_in_flight(budget) if budget < self.max_in_flight else []
+    def set_budget(self, deliveries: int) -> list[Action]:
+        """Let nsqd deliver at most ``deliveries`` (an int >= 0) more messages: the messages in
+        flight now are answered besides (a consumer started before the run), every FIN or REQ
+        from now on spends one answer of the budget, and RDY never lets the nsqds hold more
+        than what is left (see :mod:`nsq_sync.rdy_budget`)."""
+        return rdy_budget.start(self, deliveries)
 
-    def _spend(self) -> list[Action]:
-        """One answer of the budget; the credit shrinks to what is left (RDY goes out first)."""
-        budget = max(0, (self.budget or 0) - 1)
-        self.budget = budget
-        return self.set_max_in_flight(budget) if budget < self.max_in_flight else []
-
+    @_within_budget
     def set_max_in_flight(self, max_in_flight: int) -> list[Action]:
         """Change the total credit at run time; 0 pauses (RDY 0 everywhere)."""
         self.max_in_flight = max_in_flight
@@ -278,9 +304,12 @@ class RDYManager:
                 actions += self._raise_to_share(key)
         return actions
 
+    @_within_budget
     def tick(self) -> list[Action]:
         """Run timers: backoff expiry and redistribution. Call at :meth:`next_deadline`."""
         now = self.clock()
+        if self.budget is not None:
+            rdy_budget.maintain(self, now)
         if self.backoff_until is not None and now >= self.backoff_until:
             self.backoff_until = None
             self.testing = True

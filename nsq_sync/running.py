@@ -15,11 +15,11 @@ gracefully and returns a :class:`RunSummary`:
 * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and messages
   given up without one). The consumer pauses (RDY 0) at once and no further call starts:
   messages that arrive after that are requeued at once with no delay, like those ``stop()``
-  hands back. There are next to none: the run's credit never exceeds the places left
-  (``max_in_flight`` is lowered to ``max_messages`` minus the messages answered, before each
-  answer goes out), so nsqd delivers no more than the run handles. This matters because nsqd
-  counts an attempt at every delivery: a message handed back by several runs in a row would
-  reach ``max_attempts`` and be given up without its handler ever seeing it.
+  hands back. There are none unless nsqd redelivers (a reconnect, a message timeout): the
+  credit the nsqds hold never exceeds the places left (the RDY manager's budget,
+  :mod:`nsq_sync.rdy_budget`), so nsqd delivers no more than the run handles. This matters
+  because nsqd counts an attempt at every delivery: a message handed back by several runs in
+  a row would reach ``max_attempts`` and be given up without its handler ever seeing it.
 
 Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
 ``idle_timeout`` if that is shorter), so ends come at most that late.

@@ -116,24 +116,46 @@ def test_cron_runs_with_max_messages_never_give_up_a_message_they_did_not_handle
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (0, 0, 0)
 
 
-def test_max_messages_on_two_nsqds_hands_back_next_to_nothing(
+def test_max_messages_on_two_nsqds_receives_exactly_max_messages(
     nsqd_factory: Any, nsq_topic: str
 ) -> None:
-    """Credit split over two nsqds: the run's budget bounds the sum. Moving credit from one
-    nsqd to the other may let one message more through (an nsqd may send before its RDY 0
-    arrives), so a few may go back; never the max_in_flight - max_messages of before."""
+    """Credit split over two nsqds, with messages on their way while it shrinks: what an nsqd
+    may hold is counted at the highest RDY it may still act on until its messages are answered
+    (rdy_budget), so neither gets to send beyond the run's places (before, 2-6 of 12 arrived
+    beyond them, from an nsqd whose RDY had been lowered while its messages were on their way)."""
     servers = [nsqd_factory(), nsqd_factory()]
     for server in servers:
         prepare_channel(server, nsq_topic, CHANNEL, 30)
+    for _ in range(5):
+        handler = Handled()
+        consumer = Consumer(
+            nsq_topic, CHANNEL, handler, max_in_flight=40, concurrency=3,
+            nsqd_tcp_addresses=[s.tcp_address for s in servers],
+        )  # fmt: skip
+        summary = consumer.run(max_messages=12, timeout=30.0)
+        assert (summary.reason, summary.handled, summary.finished) == ("max_messages", 12, 12)
+        assert handler.calls == 12
+        assert (consumer.stats().received, summary.requeued) == (12, 0)
+
+
+def test_max_messages_gets_its_messages_from_the_nsqd_that_has_them(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """Two nsqds, messages on one only, max_in_flight 10 for 20 places: the credit the empty
+    nsqd holds is taken back once it stays idle and goes to the other one."""
+    empty, full = nsqd_factory(), nsqd_factory()
+    prepare_channel(empty, nsq_topic, CHANNEL, 0)
+    client = prepare_channel(full, nsq_topic, CHANNEL, 50)
     handler = Handled()
     consumer = Consumer(
-        nsq_topic, CHANNEL, handler, max_in_flight=40, concurrency=3,
-        nsqd_tcp_addresses=[s.tcp_address for s in servers],
+        nsq_topic, CHANNEL, handler, max_in_flight=10, concurrency=2,
+        nsqd_tcp_addresses=[empty.tcp_address, full.tcp_address],
     )  # fmt: skip
-    summary = consumer.run(max_messages=12, timeout=30.0)
-    assert (summary.reason, summary.handled, summary.finished) == ("max_messages", 12, 12)
-    assert handler.calls == 12
-    assert consumer.stats().received - 12 == summary.requeued <= 2
+    summary = consumer.run(max_messages=20, timeout=30.0)
+    assert (summary.reason, summary.handled, summary.requeued) == ("max_messages", 20, 0)
+    assert consumer.stats().received == 20
+    stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"]) == (30, 0, 0)
 
 
 def test_timeout_ends_a_run_that_never_goes_idle(nsqd: NsqdProcess, nsq_topic: str) -> None:

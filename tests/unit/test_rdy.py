@@ -802,8 +802,6 @@ class RDYMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 12))
     def set_max_in_flight(self, n: int) -> None:
-        if self.m.budget is not None:
-            n = min(n, self.m.budget)  # as ConnectionSet caps it during a run(max_messages=)
         self.wire.set_max_in_flight(n)
 
     @rule(n=st.integers(0, 30))
@@ -812,8 +810,30 @@ class RDYMachine(RuleBasedStateMachine):
 
     @invariant()
     def credit_stays_within_the_budget(self) -> None:
-        if hasattr(self, "wire") and self.m.budget is not None:
-            assert self.wire.total <= self.m.max_in_flight <= max(self.m.budget, 0)
+        """A budgeted run: each cap bounds what its nsqd may hold, and the caps fit in the
+        budget (unless messages arrived beyond RDY, sent before nsqd saw a lower one: then no
+        nsqd may send more)."""
+        if not hasattr(self, "wire") or self.m.budget is None:
+            return
+        m, wire = self.m, self.wire
+        for key, conn in m.conns.items():
+            assert conn.cap >= max(wire.rdy[key], conn.in_flight), (key, conn)
+        held = m.unanswered_elsewhere + sum(c.cap for c in m.conns.values())
+        assert held <= m.budget or all(wire.rdy[k] <= c.in_flight for k, c in m.conns.items()), (
+            held,
+            m.budget,
+            wire.rdy,
+        )
+
+    @invariant()
+    def a_budget_with_room_is_never_stuck(self) -> None:
+        """Room in the budget: some nsqd may send, or a timer will change something."""
+        if not hasattr(self, "wire") or self.m.budget is None:
+            return
+        m, wire = self.m, self.wire
+        held = m.unanswered_elsewhere + sum(c.cap for c in m.conns.values())
+        if held < m.budget and m.max_in_flight and wire.rdy:
+            assert wire.total > 0 or m.next_deadline() is not None, (wire.rdy, m.budget)
 
     @invariant()
     def credit_is_bounded(self) -> None:
@@ -836,6 +856,8 @@ class RDYMachine(RuleBasedStateMachine):
         m, wire = self.m, self.wire
         if m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
             return
+        if m.budget is not None:
+            return  # a budgeted run: see a_budget_with_room_is_never_stuck
         if m.scarce:
             assert wire.total == m.max_in_flight
             assert m.next_deadline() is not None
@@ -850,6 +872,11 @@ class RDYMachine(RuleBasedStateMachine):
         m, wire = self.m, self.wire
         if not m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
             return
+        if (
+            m.budget is not None
+            and m.unanswered_elsewhere + sum(c.cap for c in m.conns.values()) >= m.budget
+        ):
+            return  # what nsqd may hold fills the run's places: no probe is needed
         assert m.backoff_until is not None or wire.total == 1
 
 
@@ -918,12 +945,9 @@ def test_a_budget_lowers_the_credit_before_each_answer_goes_out() -> None:
     consumer writes it before the FIN), so nsqd cannot refill the slot a FIN frees."""
     m, wire, _ = make(25)
     wire.add("a")
-    assert wire.set_budget(10) == []  # RDY 1 (bootstrap) is within it
-    assert m.max_in_flight == 10
-    wire.message("a")
-    assert wire.rdy["a"] == 10
-    for _ in range(9):
-        wire.message("a")
+    assert wire.set_budget(10) == [("a", 10)]  # its share, up to what the budget allows
+    for _ in range(10):
+        assert wire.message("a") == []  # a raise to its share of 25 would be cut again
     for left in range(9, -1, -1):
         actions = wire.finish("a")
         assert actions == [("a", left)]  # the RDY first, then the FIN
@@ -945,7 +969,7 @@ def test_quiet_finish_is_refused_where_the_budget_would_lower_the_credit() -> No
     assert m.finish_quietly("a", 4) is False  # 3 left would lower the credit: one by one
     assert (m.budget, m.conns["a"].in_flight) == (7, 4)  # nothing counted
     assert [wire.finish("a") for _ in range(4)] == [[], [], [], [("a", 3)]]
-    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (3, 3, 0)
+    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (3, 4, 0)
 
 
 def test_a_requeue_spends_the_budget_too() -> None:

@@ -127,6 +127,21 @@ class ConnectionSet:
                 **self.counts,
             )
 
+    def skipped(self, message: Message) -> None:
+        """``message`` is dropped unanswered (its connection closed before a worker started
+        it; nsqd redelivers it): counted, and out of a budgeted run's in-flight count."""
+        with self.lock:
+            self.counts["skipped"] += 1
+            if self.rdy.budget is not None:
+                conn = message._conn
+                self.apply_and_wake(
+                    lambda: self.rdy.on_skip(None if conn is None else self.key(conn))
+                )
+
+    def wake_timer(self) -> None:
+        """Let the RDY timer task look at its deadlines again (a budgeted run's moved)."""
+        self._timer_wakeup.set()
+
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``what`` (one of :data:`COUNTERS`)."""
         with self.lock:
@@ -259,6 +274,8 @@ class ConnectionSet:
             actions = self.rdy.on_messages(self.key(conn), n)
             if actions and not stale:
                 self.apply(actions)
+            if self.rdy.budget is not None:  # a budgeted run's deadlines follow messages
+                self._timer_wakeup.set()
         if stale:
             for message in messages:
                 message.requeue(0.0, backoff=False)

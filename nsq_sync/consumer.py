@@ -150,6 +150,8 @@ class Consumer:
             low_rdy_idle_timeout=cfg.low_rdy_idle_timeout,
             redistribute_interval=cfg.rdy_redistribute_interval,
             clock=time.monotonic,
+            # nsqd may hold what it sent in its output buffer for output_buffer_timeout
+            settle=1.0 + (cfg.output_buffer_timeout or 0.0),
         )
         self._build(resolve_runtime(runtime), direct, lookupds, concurrency, giving_up)
         self._stop_clean = False
@@ -323,9 +325,10 @@ class Consumer:
         """Install the run's gate on handler calls (see WorkerPool.admit)."""
         self._pool.admit = admit
 
-    def _set_budget(self, budget: int) -> None:
-        """Let nsqd deliver at most ``budget`` more messages (run(max_messages=))."""
-        self._conns.set_budget(budget)
+    def _set_budget(self, places: int) -> None:
+        """Let nsqd deliver no more messages than ``places`` (run(max_messages=)) leaves once
+        the messages already queued for the workers have taken theirs."""
+        self._conns.set_budget(max(0, places - self._pool.queued()))
 
     def _nothing_to_consume(self) -> bool:
         """No nsqd to connect to: no direct address, and lookupd answered that none carries the
@@ -452,7 +455,7 @@ class Consumer:
     # ------------------------------------------------------------------ WorkerPool hooks
 
     def _on_skip(self, message: Message) -> None:
-        self._conns.count("skipped")
+        self._conns.skipped(message)
         self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
 
     def _on_fatal(self, error: BaseException) -> None:

@@ -184,6 +184,10 @@ class WorkerPool:
         for _ in range(min(len(messages), self.concurrency)):
             put(_WAKE)
 
+    def queued(self) -> int:
+        """Messages queued and not started yet."""
+        return len(self._messages)
+
     def drain(self) -> list[Message]:
         """Remove and return every message queued but not started."""
         drained: list[Message] = []

@@ -79,6 +79,8 @@ class RDYManager:
         redistribute_interval: seconds between redistributions when credit is scarce.
         clock: monotonic seconds.
         rng: choices of connections.
+        settle: a budgeted run: seconds after which a message nsqd sent before an RDY was
+            lowered is assumed to have arrived (default max(1, unproductive_after)).
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class RDYManager:
         redistribute_interval: float = 5.0,
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        settle: float | None = None,
     ) -> None:
         self.max_in_flight = max_in_flight
         self.backoff = backoff
@@ -105,6 +108,9 @@ class RDYManager:
         #: how soon a holder that delivered nothing since its grant gives credit to a productive
         #: connection (nsqd with messages sends as soon as it gets RDY)
         self.unproductive_after = max(0.1, min(low_rdy_idle_timeout, redistribute_interval) / 10)
+        #: a budgeted run: how long after an RDY is lowered a message sent on the old value is
+        #: assumed to have arrived (see rdy_budget; the consumer adds nsqd's output buffering)
+        self.settle = max(1.0, self.unproductive_after) if settle is None else settle
         self._shares: dict[Hashable, int] = {}
         self._total = 0
         #: answers (FIN/REQ) still wanted, or None for no bound (see :meth:`set_budget`)
@@ -243,6 +249,18 @@ class RDYManager:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
             return self._raise_to_share(key)
+        return []
+
+    @_within_budget
+    def on_skip(self, key: Hashable) -> list[Action]:
+        """A message of ``key`` (None: a closed connection's) was dropped unanswered: its
+        connection closed before a worker started it, and nsqd redelivers it. In a budgeted
+        run it no longer counts in flight, and took no place: a redelivery may take it."""
+        if self.budget is not None:
+            if key in self.conns:
+                self._done(key)
+            elif self.unanswered_elsewhere:
+                self.unanswered_elsewhere -= 1
         return []
 
     def on_finish(self, key: Hashable) -> list[Action]:

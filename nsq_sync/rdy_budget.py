@@ -6,32 +6,42 @@ handed back unhandled, and a message handed back by a few cron runs in a row rea
 ``max_attempts`` and was given up without its handler ever seeing it.
 
 The budget is the number of answers (FIN or REQ) still wanted: the run's places left plus the
-messages in flight. Every answer spends one. Against it stands what the nsqds may still hold in
-flight, future deliveries included: each connection's ``cap``, an upper bound on its nsqd's
-in-flight count. nsqd sends on a connection while its in-flight count is below the RDY it was
-last told, so:
+messages in flight. Every answer spends one; a message dropped unanswered (its connection
+closed before a worker started it) spends none and counts in flight no more. Against the
+budget stands what the nsqds may still hold in flight, future deliveries included: each
+connection's ``cap``, an upper bound on its nsqd's in-flight count, plus the messages of closed
+connections still to be answered. nsqd sends on a connection while its in-flight count is below
+the RDY it was last told, so:
 
 * raising RDY raises the cap to the new RDY at once;
 * lowering RDY does **not** lower the cap: nsqd may already have sent messages on the old RDY,
   still on their way. The cap comes down as the connection's messages are answered: an answer
   whose RDY update (sent before it, on the same connection) leaves RDY at most cap - 1 lowers
-  the cap by one, so the slot it frees is never refilled. A cap left above RDY and in-flight is
-  *settled* (brought down to them) once nothing arrived on the connection for
-  ``unproductive_after`` seconds since the lowering: what was on its way has arrived by then;
+  the cap by one, so the slot it frees is never refilled. A cap left above RDY and in flight is
+  *settled* (brought down to them) once nothing arrived on the connection for ``settle``
+  seconds since the lowering (the consumer uses 1 s plus nsqd's ``output_buffer_timeout``).
+  This is the one assumption: a message nsqd sent before it saw the lower RDY arrives within
+  ``settle``. A slower network or a reader stalled for longer can let one through;
 * credit is cut where that is exact first: what the current event raised (nsqd has not seen
-  it), then the answered connection; only when the caps are over the budget anyway (a message
-  timed out at nsqd, a consumer started before the run) is the open credit of the others cut;
+  it), then the answered connection; only when the caps are over the budget anyway (messages
+  that arrived beyond RDY) is the open credit of the others cut. With no room left, a
+  connection with no credit open gets RDY 0, so that a message nsqd times out (and requeues
+  by itself) does not free a slot it would fill at once;
 * room in the budget goes to connections below their share by the usual rules: credit taken
   back from an idle nsqd goes elsewhere first (the longest ago first), otherwise to those that
   delivered last. Credit an idle connection holds (no message for ``unproductive_after`` while
-  another connection is below its share: its nsqd may have nothing) is taken back and, once
-  settled, handed on: it rotates until an nsqd with messages has it. Credit settling counts as
-  open (``credit_left``), so a run's ``idle_timeout`` still ends a run whose nsqds are all
-  empty.
+  *another* connection is below its share: its nsqd may have nothing) is taken back and, once
+  settled, handed on: it rotates until an nsqd with messages has it (about ``settle`` plus
+  ``unproductive_after`` per empty nsqd). Credit settling counts as open (``credit_left``), so
+  ``idle_timeout`` still ends a run whose nsqds are all empty.
 
-So the sum of the caps never exceeds the budget, and nsqd delivers no more than the run wants
-(``tests/unit/test_rdy_budget.py`` checks it against a model of nsqd with messages on their
-way). Everything here runs under the RDY manager's caller's lock, on the manager's state.
+So, within that assumption, the caps never exceed the budget and nsqd delivers no more than
+the run wants (``tests/unit/test_rdy_budget.py`` checks it against a model of nsqd with
+messages on their way and reconnects). What the budget cannot see: nsqd timing out a message
+whose handler runs longer than ``msg_timeout`` (without ``touch()``) while the run still has
+room, which frees a slot nsqd may fill; and messages already queued for the workers when
+``run()`` starts on a started consumer, beyond its places. Everything here runs under the RDY
+manager's caller's lock, on the manager's state.
 """
 
 from __future__ import annotations
@@ -132,6 +142,12 @@ def fit(m: RDYManager, before: Snapshot, answered: Hashable = None) -> list[Acti
         _hand_out(m)
     if held(m) > budget:
         _cut(m, before, base, answered, budget)
+    if held(m) >= budget:
+        # no room: a connection with no credit open gets RDY 0, so that a message nsqd times
+        # out (and requeues itself) does not free a slot it would fill
+        for key, conn in conns.items():
+            if 0 < conn.rdy <= conn.in_flight:
+                m._set(key, 0)
     now = m.clock()
     decreases: list[Action] = []
     increases: list[Action] = []
@@ -164,8 +180,8 @@ def _hand_out(m: RDYManager) -> None:
         room = budget - held(m)
         if room <= 0:
             break
-        if conn.rdy < conn.cap:
-            continue  # a lowering still settling
+        if _settling(conn):
+            continue  # credit taken back and not settled yet: it still counts where it was
         if scarce:  # RDY 1 each, as long as max_in_flight lasts
             if conn.rdy == 0 and m.total_rdy < m.max_in_flight:
                 m._set(key, 1)
@@ -218,36 +234,39 @@ def _cut(
 def maintain(m: RDYManager, now: float) -> None:
     """Timers of a budgeted run (called from ``tick``): take idle credit back while another
     connection is below its share, and settle caps (see the module)."""
-    after = m.unproductive_after
-    conns = m.conns
+    idle_after, settle = m.unproductive_after, m.settle
     wanting = _wanting(m)
-    for key, conn in conns.items():
-        if wanting and conn.rdy > conn.in_flight and now - _since(conn) >= after:
+    for key, conn in m.conns.items():
+        if wanting - {key} and conn.rdy > conn.in_flight and now - _since(conn) >= idle_after:
             m._set(key, conn.in_flight)
             conn.lowered_at = conn.reclaimed_at = now
-        floor = max(conn.rdy, conn.in_flight)
-        if conn.cap > floor and now - max(conn.lowered_at, conn.last_msg_at) >= after:
-            conn.cap = floor
+        if _settling(conn) and now - max(conn.lowered_at, conn.last_msg_at) >= settle:
+            conn.cap = max(conn.rdy, conn.in_flight)
 
 
 def deadline(m: RDYManager) -> float | None:
     """When :func:`maintain` next has work to do, or None."""
-    after = m.unproductive_after
-    conns = m.conns
+    idle_after, settle = m.unproductive_after, m.settle
     wanting = _wanting(m)
     times = []
-    for conn in conns.values():
-        if wanting and conn.rdy > conn.in_flight:
-            times.append(_since(conn) + after)
-        if conn.cap > max(conn.rdy, conn.in_flight):
-            times.append(max(conn.lowered_at, conn.last_msg_at) + after)
+    for key, conn in m.conns.items():
+        if wanting - {key} and conn.rdy > conn.in_flight:
+            times.append(_since(conn) + idle_after)
+        if _settling(conn):
+            times.append(max(conn.lowered_at, conn.last_msg_at) + settle)
     return min(times) if times else None
 
 
-def _wanting(m: RDYManager) -> bool:
-    """Is a connection below its share (and not settling a lowering) that idle credit could go
-    to? While one is, idle credit rotates among the nsqds, so that one with messages gets it."""
-    return any(conn.rdy < m.share(key) and conn.rdy >= conn.cap for key, conn in m.conns.items())
+def _settling(conn: ConnRDY) -> bool:
+    """Its RDY was lowered below what its nsqd may hold, and that has not settled yet."""
+    return conn.cap > max(conn.rdy, conn.in_flight)
+
+
+def _wanting(m: RDYManager) -> set[Hashable]:
+    """Connections below their share (and not settling) that idle credit could go to. While
+    there are, idle credit on another connection rotates among the nsqds, so that one with
+    messages gets it."""
+    return {key for key, conn in m.conns.items() if conn.rdy < m.share(key) and not _settling(conn)}
 
 
 def _since(conn: ConnRDY) -> float:

@@ -92,6 +92,8 @@ class ConsumerResponder:
                 quiet = conns.rdy.finish_quietly(conns.key(conn), n)
                 if quiet:
                     conns.counts["finished"] += n
+                    if conns.rdy.budget is not None:  # its deadlines may have moved
+                        conns.wake_timer()
             if not quiet:
                 for message in group:
                     self.finish(message)

@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.fault_proxy import FaultProxy
 from support.nsq import (
     bounded,
     connected_addresses,
     free_closed_port,
     prepare_channel,
     settled_channel,
+    wait_for,
 )
 
 from nsq_sync import Consumer, Message, RequeueMessage, RunSummary
@@ -308,3 +310,40 @@ def test_system_exit_in_a_handler_is_reraised_by_run_after_a_graceful_stop(
     assert raised.value.code == 4
     stats = settled_channel(client, nsq_topic, CHANNEL)
     assert (stats["in_flight_count"], stats["depth"]) == (0, 3)
+
+
+def test_max_messages_after_a_reconnect_still_gets_its_messages(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """The connection is cut while 9 messages wait for the one worker: they are dropped
+    unanswered (nsqd redelivers them on the new connection). They took no place and must not
+    hold the run's credit: before, the run stalled at RDY 0 and not even idle_timeout ended it."""
+    prepare_channel(nsqd, nsq_topic, CHANNEL, 100)
+    started = threading.Event()
+
+    def handler(message: Message) -> None:
+        started.set()
+        release.wait(10.0)
+
+    release = threading.Event()
+    with FaultProxy(nsqd.tcp_address) as proxy:
+        consumer = Consumer(
+            nsq_topic, CHANNEL, handler, max_in_flight=10, concurrency=1,
+            nsqd_tcp_addresses=[proxy.address],
+        )  # fmt: skip
+
+        def cut_once_busy() -> None:
+            try:
+                if started.wait(10.0):
+                    wait_for(lambda: consumer.stats().in_flight == 10, "10 in flight", 10.0)
+                    proxy.cut()
+                    wait_for(lambda: consumer.stats().in_flight < 10, "the cut seen", 10.0)
+            finally:
+                release.set()  # the worker goes on, and drops the 9 waiting
+
+        cutter = threading.Thread(target=cut_once_busy)
+        cutter.start()
+        summary = consumer.run(max_messages=10, idle_timeout=5.0, timeout=30.0)
+        cutter.join(10.0)
+    assert (summary.reason, summary.handled) == ("max_messages", 10)
+    assert consumer.stats().skipped == 9

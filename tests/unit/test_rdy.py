@@ -946,15 +946,35 @@ def test_a_budget_lowers_the_credit_before_each_answer_goes_out() -> None:
     m, wire, _ = make(25)
     wire.add("a")
     assert wire.set_budget(10) == [("a", 10)]  # its share, up to what the budget allows
-    for _ in range(10):
+    for _ in range(9):
         assert wire.message("a") == []  # a raise to its share of 25 would be cut again
+    # the 10th: nothing left to deliver, so RDY 0 (a message nsqd times out is not replaced)
+    assert wire.message("a") == [("a", 0)]
     for left in range(9, -1, -1):
-        actions = wire.finish("a")
-        assert actions == [("a", left)]  # the RDY first, then the FIN
+        assert wire.finish("a") == []
         # nsqd sends while in flight < RDY: what it may still deliver fits in what is wanted
         answered, in_flight = 10 - left, m.conns["a"].in_flight
         assert answered + max(in_flight, wire.rdy["a"]) <= 10
     assert m.budget == 0 and wire.total == 0
+
+
+def test_each_answer_lowers_its_own_connection_first() -> None:
+    """Two nsqds with credit open: the answer's RDY update goes to the answered connection
+    (written before its FIN), never to the other one, where a message may be on its way."""
+    m, wire, _ = make(20)
+    wire.add("a")
+    wire.add("b")
+    wire.set_budget(10)
+    assert wire.total == 10
+    held = dict(wire.rdy)  # what each may deliver; both deliver half of it
+    for key in ("a", "b"):
+        for _ in range(held[key] // 2):
+            wire.message(key)
+    for key in ["a", "b"] * 3:
+        if m.conns[key].in_flight:
+            actions = wire.finish(key)
+            assert all(k == key for k, _ in actions), actions
+            assert sum(c.cap for c in m.conns.values()) <= m.budget
 
 
 def test_quiet_finish_is_refused_where_the_budget_would_lower_the_credit() -> None:
@@ -976,9 +996,9 @@ def test_a_requeue_spends_the_budget_too() -> None:
     m, wire, _ = make(2)
     wire.add("a")
     wire.set_budget(2)
-    wire.apply(m.on_messages("a", 2))
-    assert wire.requeue("a", backoff=False) == [("a", 1)]
-    assert m.budget == 1
+    assert wire.apply(m.on_messages("a", 2)) == [("a", 0)]  # nothing left to deliver
+    assert wire.requeue("a", backoff=False) == []
+    assert (m.budget, m.conns["a"].cap) == (1, 1)  # the other one's answer is still to come
 
 
 def test_scarce_credit_follows_the_connection_that_has_messages() -> None:

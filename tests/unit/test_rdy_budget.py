@@ -10,6 +10,9 @@ are queued before the FIN they come with) and admits at most N messages, pausing
 Properties: the client never receives more than N messages (nothing is handed back unhandled,
 so nsqd never counts an attempt the run did not use), and the run always gets its N messages
 when the nsqds hold enough: it never stalls with credit stranded on an nsqd that has nothing.
+The one assumption is the budget's own: a message nsqd sent arrives within ``settle`` seconds
+(the clock never passes that while it is on its way). nsqd timing a message out by itself is
+not modelled: it frees a slot the budget cannot see (a documented gap).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class Nsqd:
     rdy: int = 0  # the last RDY it processed
     in_flight: int = 0
     inbound: deque[tuple[str, int]] = field(default_factory=deque)  # client -> nsqd
-    outbound: deque[int] = field(default_factory=deque)  # nsqd -> client (message ids)
+    outbound: deque[float] = field(default_factory=deque)  # nsqd -> client (when sent)
 
 
 class World:
@@ -76,7 +79,7 @@ class World:
         if nsqd.messages and nsqd.in_flight < nsqd.rdy:
             nsqd.messages -= 1
             nsqd.in_flight += 1
-            nsqd.outbound.append(1)
+            nsqd.outbound.append(self.now)
 
     def client_reads(self, key: str) -> None:
         nsqd = self.nsqds[key]
@@ -115,6 +118,11 @@ class World:
         self.send(self.m.add(key, 2500))
 
     def tick(self, seconds: float) -> None:
+        # The one assumption (rdy_budget's settle): a message nsqd sent arrives within
+        # `settle` seconds. Those that would be older than that by now have arrived.
+        for key, nsqd in self.nsqds.items():
+            while nsqd.outbound and nsqd.outbound[0] + self.m.settle <= self.now + seconds:
+                self.client_reads(key)
         self.now += seconds
         deadline = self.m.next_deadline()
         if deadline is not None and self.now >= deadline:

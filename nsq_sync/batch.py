@@ -304,7 +304,8 @@ class BatchConsumer:
         live = []
         for message in batch:
             if pool.is_stale(message):
-                pool.on_skip(message)  # nsqd redelivers it
+                # nsqd redelivers it; it took a place of a run (admitted into the batch)
+                self._machinery.connections.skipped(message, admitted=True)
             else:
                 live.append(message)
         try:

@@ -127,16 +127,17 @@ class ConnectionSet:
                 **self.counts,
             )
 
-    def skipped(self, message: Message) -> None:
-        """``message`` is dropped unanswered (its connection closed before a worker started
-        it; nsqd redelivers it): counted, and out of a budgeted run's in-flight count."""
+    def skipped(self, message: Message, admitted: bool = False) -> None:
+        """``message`` is dropped unanswered (its connection closed before its handler ran;
+        nsqd redelivers it): counted, and out of a budgeted run's in-flight count (having
+        spent a place of the run when ``admitted``: a BatchConsumer's open batch)."""
+        self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
         with self.lock:
             self.counts["skipped"] += 1
             if self.rdy.budget is not None:
                 conn = message._conn
-                self.apply_and_wake(
-                    lambda: self.rdy.on_skip(None if conn is None else self.key(conn))
-                )
+                key = None if conn is None else self.key(conn)
+                self.apply_and_wake(lambda: self.rdy.on_skip(key, admitted))
 
     def wake_timer(self) -> None:
         """Let the RDY timer task look at its deadlines again (a budgeted run's moved)."""

@@ -456,7 +456,6 @@ class Consumer:
 
     def _on_skip(self, message: Message) -> None:
         self._conns.skipped(message)
-        self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
 
     def _on_fatal(self, error: BaseException) -> None:
         """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):

@@ -252,12 +252,15 @@ class RDYManager:
         return []
 
     @_within_budget
-    def on_skip(self, key: Hashable) -> list[Action]:
+    def on_skip(self, key: Hashable, admitted: bool = False) -> list[Action]:
         """A message of ``key`` (None: a closed connection's) was dropped unanswered: its
-        connection closed before a worker started it, and nsqd redelivers it. In a budgeted
-        run it no longer counts in flight, and took no place: a redelivery may take it."""
+        connection closed before its handler ran, and nsqd redelivers it. In a budgeted run it
+        no longer counts in flight; unless ``admitted`` (it took a place of the run: a
+        BatchConsumer's open batch) it took no place, and a redelivery may take it."""
         if self.budget is not None:
-            if key in self.conns:
+            if admitted:
+                rdy_budget.spend(self, key)
+            elif key in self.conns:
                 self._done(key)
             elif self.unanswered_elsewhere:
                 self.unanswered_elsewhere -= 1

@@ -7,7 +7,8 @@ handed back unhandled, and a message handed back by a few cron runs in a row rea
 
 The budget is the number of answers (FIN or REQ) still wanted: the run's places left plus the
 messages in flight. Every answer spends one; a message dropped unanswered (its connection
-closed before a worker started it) spends none and counts in flight no more. Against the
+closed before its handler ran) counts in flight no more, and spends one only if it had taken a
+place of the run (a BatchConsumer's open batch). Against the
 budget stands what the nsqds may still hold in flight, future deliveries included: each
 connection's ``cap``, an upper bound on its nsqd's in-flight count, plus the messages of closed
 connections still to be answered. nsqd sends on a connection while its in-flight count is below
@@ -26,14 +27,15 @@ the RDY it was last told, so:
   it), then the answered connection; only when the caps are over the budget anyway (messages
   that arrived beyond RDY) is the open credit of the others cut. With no room left, a
   connection with no credit open gets RDY 0, so that a message nsqd times out (and requeues
-  by itself) does not free a slot it would fill at once;
+  by itself) does not free a slot it would fill at once (a worker's batch of FINs that would
+  leave no room goes one by one, so this is decided for it too);
 * room in the budget goes to connections below their share by the usual rules: credit taken
   back from an idle nsqd goes elsewhere first (the longest ago first), otherwise to those that
   delivered last. Credit an idle connection holds (no message for ``unproductive_after`` while
-  *another* connection is below its share: its nsqd may have nothing) is taken back and, once
-  settled, handed on: it rotates until an nsqd with messages has it (about ``settle`` plus
-  ``unproductive_after`` per empty nsqd). Credit settling counts as open (``credit_left``), so
-  ``idle_timeout`` still ends a run whose nsqds are all empty.
+  *another* connection is below its share, in flight included: its nsqd may have nothing) is
+  taken back and, once settled, handed on: it rotates until an nsqd with messages has it
+  (about ``settle`` plus ``unproductive_after`` per empty nsqd). Credit settling counts as
+  open (``credit_left``), so ``idle_timeout`` still ends a run whose nsqds are all empty.
 
 So, within that assumption, the caps never exceed the budget and nsqd delivers no more than
 the run wants (``tests/unit/test_rdy_budget.py`` checks it against a model of nsqd with
@@ -118,8 +120,8 @@ def quiet_answers_fit(m: RDYManager, key: Hashable, n: int) -> bool:
     if conn is None or budget is None or conn.in_flight < n:
         return False
     cap = max(conn.cap - n, conn.rdy, conn.in_flight - n)
-    if held(m) - conn.cap + cap > budget - n:
-        return False
+    if held(m) - conn.cap + cap >= budget - n:
+        return False  # no room left after them: fit() decides (RDY 0 where nothing is open)
     m.budget = budget - n
     conn.cap = cap
     return True
@@ -266,7 +268,12 @@ def _wanting(m: RDYManager) -> set[Hashable]:
     """Connections below their share (and not settling) that idle credit could go to. While
     there are, idle credit on another connection rotates among the nsqds, so that one with
     messages gets it."""
-    return {key for key, conn in m.conns.items() if conn.rdy < m.share(key) and not _settling(conn)}
+    return {
+        key
+        for key, conn in m.conns.items()
+        # a connection full of messages in flight (RDY 0 at the tail) is not waiting for credit
+        if max(conn.rdy, conn.in_flight) < m.share(key) and not _settling(conn)
+    }
 
 
 def _since(conn: ConnRDY) -> float:

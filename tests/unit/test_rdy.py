@@ -1001,6 +1001,55 @@ def test_a_requeue_spends_the_budget_too() -> None:
     assert (m.budget, m.conns["a"].cap) == (1, 1)  # the other one's answer is still to come
 
 
+def test_a_skipped_message_of_an_open_batch_keeps_its_place_spent() -> None:
+    """BatchConsumer: 5 messages admitted into the open batch (5 of the run's 10 places), then
+    their connection closes and the batch drops them. The new connection may be given the 5
+    places left, not 10 (a skip of a message that never took a place gives it back)."""
+    m, wire, _ = make(20)
+    wire.add("a")
+    wire.set_budget(10)
+    wire.apply(m.on_messages("a", 5))
+    wire.remove("a")
+    for _ in range(5):
+        wire.apply(m.on_skip(None, admitted=True))
+    assert wire.add("b") == [("b", 5)]
+    assert (m.budget, m.unanswered_elsewhere) == (5, 0)
+
+
+def test_a_full_connection_does_not_take_idle_credit_from_another() -> None:
+    """Budget 10 over two nsqds: b has its 5 in flight (RDY 0, nothing left to deliver), a's
+    nsqd is empty. a keeps its credit: b is not waiting for any (no RDY 5/0 blinking)."""
+    m, wire, clock = make(10)
+    wire.add("a")
+    wire.add("b")
+    wire.set_budget(10)
+    for _ in range(5):
+        clock.advance(0.01)
+        wire.message("b")
+    assert (wire.rdy["a"], wire.rdy["b"]) == (5, 0)
+    assert m.next_deadline() is None
+    clock.advance(30.0)
+    assert wire.tick() == []
+
+
+def test_quiet_answers_that_leave_no_room_go_one_by_one() -> None:
+    """Budget 12, both nsqds at their share of 5 with 5 in flight: two FINs on a leave no room,
+    so they take the one-by-one path, where b (no credit open) gets RDY 0: a message b's nsqd
+    times out must not free a slot it would fill."""
+    m, wire, clock = make(10)
+    wire.add("a")
+    wire.add("b")
+    wire.set_budget(12)
+    for key in "ab":
+        for _ in range(5):
+            clock.advance(0.01)
+            wire.message(key)
+    assert m.finish_quietly("a", 2) is False
+    assert wire.finish("a") == []  # 11 left for 10 held: room for one more
+    assert wire.finish("a") == [("b", 0)]  # none: b has nothing open; a still has 2 open
+    assert (wire.rdy["a"], m.conns["a"].in_flight, m.budget) == (5, 3, 10)
+
+
 def test_scarce_credit_follows_the_connection_that_has_messages() -> None:
     """Issue 11 (suspected, confirmed): max_in_flight 1, two nsqds, messages on only one. The
     old rotation handed the credit to the empty nsqd half the time, for a whole interval (~5 s

@@ -170,14 +170,11 @@ def test_nsqd_never_delivers_more_than_max_messages_and_the_run_gets_them_all(
 ) -> None:
     world = World(n, messages, max_in_flight, seed)
     keys = list(world.nsqds)
+    per_nsqd = {"read": world.nsqd_reads, "send": world.nsqd_sends, "recv": world.client_reads}
     for step, arg in script:
         key = keys[arg % len(keys)]
-        if step == "read":
-            world.nsqd_reads(key)
-        elif step == "send":
-            world.nsqd_sends(key)
-        elif step == "recv":
-            world.client_reads(key)
+        if step in per_nsqd:
+            per_nsqd[step](key)
         elif step == "answer":
             world.client_answers(arg)
         elif step == "reconnect":

@@ -395,17 +395,19 @@ def test_a_publish_interrupted_while_waiting_leaves_the_connection_working(
     KeyboardInterrupt from Ctrl-C). B raises what interrupted it, and the connection keeps
     working: the next publish gets its own answer at once. Before, A handed the reading role
     to B's abandoned wait, nobody read the connection again, and every later publish on it
-    timed out. nsqd answers late (a proxy delays each direction 0.3 s). nsqd flags: none."""
+    timed out. nsqd answers late (a proxy delays each direction 0.8 s). nsqd flags: none."""
     server: NsqdProcess = nsqd_factory()
     with FaultProxy(server.tcp_address) as proxy, Producer(proxy.address) as producer:
         producer.publish(nsq_topic, b"warm")
         conn = producer._slots[0].conn
         assert conn is not None
-        proxy.delay(0.3)
+        # 0.8 s: the window in which B waits, and the interrupt must land (CI once took longer
+        # than 0.3 s to deliver it on a loaded machine, and B's answer came first)
+        proxy.delay(0.8)
         results: dict[str, Any] = {}
         thread = _publish_in_thread(producer, nsq_topic, b"a", results)
         # B's PUB goes out once nsqd holds A's message, so that A's answer and B's arrive in
-        # separate reads (0.3 s apart): A, answered alone, hands the reading role to B's wait
+        # separate reads (0.8 s apart): A, answered alone, hands the reading role to B's wait
         wait_for(lambda: message_count(server.http_address, nsq_topic) == 2, "A's PUB in nsqd")
         assert conn._reading
         if "gevent.monkey" in sys.modules:

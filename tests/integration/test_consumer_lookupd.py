@@ -183,6 +183,9 @@ def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(
     try:
         consumer.start()
         wait_for(lambda: handler.handled == 3 * per_nsqd, "every message from all three nsqds")
+        # enough sweeps to say something even where consuming went fast (PyPy once finished
+        # after 29): the ones after the last message still check the sum
+        wait_for(lambda: len(sweeps) >= 30, "30 sweeps of the three nsqds' RDY")
     finally:
         stop_sampling.set()
         sampler.join(TIMEOUT)

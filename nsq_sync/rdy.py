@@ -30,7 +30,7 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   backoff window: results that arrive while the timer runs are ignored;
 * a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
   the nsqds never hold credit for more messages than the run will handle
-  (:mod:`nsq_sync.rdy_budget` says how, and why it matters).
+  (``nsq_sync.rdy_budget`` says how, and why it matters).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ class RDYManager:
         """Let nsqd deliver at most ``deliveries`` (an int >= 0) more messages: the messages in
         flight now are answered besides (a consumer started before the run), every FIN or REQ
         from now on spends one answer of the budget, and RDY never lets the nsqds hold more
-        than what is left (see :mod:`nsq_sync.rdy_budget`)."""
+        than what is left (see ``nsq_sync.rdy_budget``)."""
         return rdy_budget.start(self, deliveries)
 
     @_within_budget

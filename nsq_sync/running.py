@@ -17,7 +17,7 @@ gracefully and returns a :class:`RunSummary`:
   messages that arrive after that are requeued at once with no delay, like those ``stop()``
   hands back. There are none unless nsqd redelivers (a reconnect, a message timeout): the
   credit the nsqds hold never exceeds the places left (the RDY manager's budget,
-  :mod:`nsq_sync.rdy_budget`), so nsqd delivers no more than the run handles. This matters
+  ``nsq_sync.rdy_budget``), so nsqd delivers no more than the run handles. This matters
   because nsqd counts an attempt at every delivery: a message handed back by several runs in
   a row would reach ``max_attempts`` and be given up without its handler ever seeing it.
 

@@ -182,7 +182,7 @@ class Consumer:
             max_attempts=cfg.max_attempts,
             giving_up=giving_up,
             log=log,
-            on_skip=self._on_skip,
+            on_skip=conns.skipped,
             on_gave_up=lambda message: conns.count("gave_up"),
             on_fatal=self._on_fatal,
             finish_many=responder.finish_many,
@@ -453,9 +453,6 @@ class Consumer:
         return bool(self._conns.connected.wait(timeout))
 
     # ------------------------------------------------------------------ WorkerPool hooks
-
-    def _on_skip(self, message: Message) -> None:
-        self._conns.skipped(message)
 
     def _on_fatal(self, error: BaseException) -> None:
         """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):

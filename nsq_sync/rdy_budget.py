@@ -170,9 +170,13 @@ def _hand_out(m: RDYManager) -> None:
     cut to RDY 0), to the connections that delivered last first; raises set caps."""
     if m.in_backoff:
         m._probe_if_none()
-        for conn in m.conns.values():
-            conn.cap = max(conn.cap, conn.rdy)
-        return
+    else:
+        _raise_within_room(m)
+    for conn in m.conns.values():
+        conn.cap = max(conn.cap, conn.rdy)
+
+
+def _raise_within_room(m: RDYManager) -> None:
     budget = m.budget or 0
     # credit taken back from an idle nsqd goes elsewhere first (the longest ago first: a
     # rotation); otherwise to those that delivered last
@@ -191,9 +195,7 @@ def _hand_out(m: RDYManager) -> None:
             m._raise_to_share(key)
             if conn.rdy > conn.cap + room:  # more than the room: keep what fits
                 m._set(key, conn.cap + room)
-        conn.cap = max(conn.cap, conn.rdy)
-    for conn in m.conns.values():
-        conn.cap = max(conn.cap, conn.rdy)
+        conn.cap = max(conn.cap, conn.rdy)  # the next one's room counts this raise
 
 
 def _cut(

@@ -68,14 +68,14 @@ class Transport:
         self._writing = False
         self.closed = False
         host, port = parse_address(address)
-        generation = _fork.generation
+        generation = _fork.current()
         try:
             sock = runtime.create_connection((host, port), dial_timeout)
         except socket.timeout as exc:
             raise ConnectTimeout(f"connect timed out after {dial_timeout} s", address) from exc
         except OSError as exc:
             raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
-        if generation != _fork.generation:
+        if generation != _fork.current():
             # Under gevent a dial in progress at a fork resumes in the child too, on the same
             # socket: it belongs to the parent (see nsq_sync._fork).
             _fork.close_socket(sock)

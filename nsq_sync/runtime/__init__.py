@@ -115,7 +115,7 @@ class AutoRuntime:
         """``"threads"`` or ``"gevent"``: the decision in this process, or (before it is made)
         what it would be now."""
         impl = self._impl
-        if impl is not None and self._generation == _fork.generation:
+        if impl is not None and self._generation == _fork.current():
             return impl.name
         return _detected()
 
@@ -123,9 +123,9 @@ class AutoRuntime:
         """The concrete runtime of this process, deciding it now if not yet decided here.
         Warns once per process if gevent patched the process after threads were chosen."""
         impl = self._impl
-        if impl is None or self._generation != _fork.generation:
+        if impl is None or self._generation != _fork.current():
             impl = resolve_runtime(_detected())
-            self._impl, self._generation, self._warned = impl, _fork.generation, False
+            self._impl, self._generation, self._warned = impl, _fork.current(), False
         elif not self._warned:
             self.patched_late()
         return impl
@@ -134,7 +134,7 @@ class AutoRuntime:
         """True (with a RuntimeWarning, once per process) when threads were chosen here and
         gevent has patched the process since."""
         impl = self._impl
-        if impl is None or impl.name != "threads" or self._generation != _fork.generation:
+        if impl is None or impl.name != "threads" or self._generation != _fork.current():
             return False
         if not _gevent_patched():
             return False

@@ -5,31 +5,38 @@ Every test counts by message body against a real nsqd: every publish returns OK 
 NSQError, nsqd holds every acknowledged body exactly once and nothing else, and while the
 processes are alive nsqd's /stats shows one producer connection per process.
 
-Python 3.12+ warns (DeprecationWarning) when a process with threads forks, because locks held by
-other threads are copied locked into the child. The Producer never uses such a lock in the child
-(nsq_sync._fork builds the child's state under a lock made in the child), so the tests silence
-that warning around their own forks, deliberately and nowhere else.
+The forked children and the checks are in tests/support/forking.py (which says why the tests
+silence Python 3.12's fork DeprecationWarning); tests/integration/test_fork_c.py forks from C,
+where none of Python's fork hooks run (as uWSGI does).
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import select
 import subprocess
 import sys
 import threading
 import time
-import traceback
 import warnings
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from support.forking import (
+    CHILD_TIMEOUT,
+    PER_THREAD,
+    THREADS,
+    Child,
+    check_bodies,
+    check_results,
+    os_fork,
+    publish_from_threads,
+    publishing_child,
+    wait_for_connections,
+)
 from support.nsq import free_closed_port, read_bodies, wait_for, waitpid
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
@@ -38,195 +45,8 @@ from nsq_sync.testing import NsqdProcess
 
 pytestmark = pytest.mark.integration
 
-THREADS = 8
-PER_THREAD = 5
 ROUNDS = 10  # x CHILDREN = the forks of the bare-fork test (50)
 CHILDREN = 5
-CHILD_TIMEOUT = 60.0
-
-
-def _fork() -> int:
-    with warnings.catch_warnings():
-        # 3.12+: "This process is multi-threaded, use of fork() may lead to deadlocks in the
-        # child" -- the situation under test (see the module docstring).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
-
-
-def _read_report(fd: int, timeout: float) -> bytes:
-    """Read one ``<length>\n<data>`` report (b"" when the child closed without one)."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while True:
-        head, newline, rest = data.partition(b"\n")
-        if newline and len(rest) >= int(head):
-            return rest
-        left = deadline - time.monotonic()
-        readable, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not readable:
-            raise AssertionError(f"no report from a child within {timeout} s")
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b""
-        data += chunk
-
-
-class Child:
-    """A forked child running ``work()``; it reports the result (JSON) and then waits for the
-    parent's go before it closes and exits, so the parent can look at /stats meanwhile."""
-
-    #: the parent's ends of every live child's pipes: a child closes its copies at once, or a
-    #: sibling's go pipe would never see EOF while this child lives
-    _parent_fds: set[int] = set()
-
-    def __init__(self, work: Callable[[], dict[str, Any]], finish: Callable[[], None]) -> None:
-        report_r, report_w = os.pipe()
-        go_r, go_w = os.pipe()
-        pid = _fork()
-        if pid == 0:  # pragma: no cover - the child reports through the pipe and exit status
-            code = 2
-            try:
-                for fd in Child._parent_fds | {report_r, go_w}:
-                    os.close(fd)
-                data = json.dumps(work()).encode()
-                data = b"%d\n" % len(data) + data  # (under gevent, EOF may come only at exit)
-                while data:
-                    data = data[os.write(report_w, data) :]
-                os.close(report_w)
-                # gevent: its fork watchers run at the child's first sleeps (gevent.hub.reinit's
-                # documented advice); a select() before them never sees the pipe's EOF
-                time.sleep(0.001)
-                time.sleep(0.001)
-                select.select([go_r], [], [], CHILD_TIMEOUT)
-                finish()
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(report_w)
-        os.close(go_r)
-        Child._parent_fds |= {report_r, go_w}
-        self.pid = pid
-        self._report = report_r
-        self._go = go_w
-
-    def result(self) -> dict[str, Any]:
-        try:
-            data = _read_report(self._report, CHILD_TIMEOUT)
-        finally:
-            os.close(self._report)
-            Child._parent_fds.discard(self._report)
-        assert data, f"child {self.pid} reported nothing (it failed: see its stderr)"
-        return json.loads(data)  # type: ignore[no-any-return]
-
-    def finish(self) -> int:
-        os.close(self._go)
-        Child._parent_fds.discard(self._go)
-        return waitpid(self.pid, CHILD_TIMEOUT)
-
-
-def publish_from_threads(
-    publish: Callable[[bytes], None] | Producer,
-    topic: str,
-    prefix: str,
-    threads: int = THREADS,
-    per_thread: int = PER_THREAD,
-) -> dict[str, Any]:
-    """``threads`` threads start at once (a barrier) and publish ``per_thread`` bodies each,
-    through a Producer or a ``publish(body)`` function. Returns the acknowledged bodies and
-    every error (flagging any that is not an NSQError)."""
-    if isinstance(publish, Producer):
-        producer = publish
-
-        def publish(body: bytes) -> None:
-            producer.publish(topic, body)
-
-    ok: list[str] = []
-    errors: list[str] = []
-    barrier = threading.Barrier(threads)
-
-    def worker(t: int) -> None:
-        barrier.wait(CHILD_TIMEOUT)
-        for i in range(per_thread):
-            body = f"{prefix}-t{t}-{i}"
-            try:
-                publish(body.encode())  # type: ignore[operator]
-            except NSQError as exc:
-                errors.append(repr(exc))
-            except BaseException as exc:
-                errors.append(f"NOT AN NSQError: {exc!r}")
-            else:
-                ok.append(body)
-
-    workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(CHILD_TIMEOUT)
-    hung = sum(w.is_alive() for w in workers)
-    return {"pid": os.getpid(), "ok": ok, "errors": errors, "hung": hung}
-
-
-def publishing_child(producer: Producer, topic: str, prefix: str, attempted: set[str]) -> Child:
-    """Fork a child whose 8 threads publish through ``producer`` (bodies added to
-    ``attempted``); it closes the producer when told to finish."""
-    attempted.update(f"{prefix}-t{t}-{i}" for t in range(THREADS) for i in range(PER_THREAD))
-    return Child(lambda: publish_from_threads(producer, topic, prefix), producer.close)
-
-
-def producer_connections(http_address: str, topic: str) -> list[int]:
-    """The publish count of every live connection that published to ``topic``."""
-    with NsqdHTTPClient(http_address) as client:
-        producers = client.stats(include_clients=True).get("producers") or []
-    counts = []
-    for p in producers:
-        for stat in p.get("pub_counts") or []:
-            if stat.get("topic") == topic:
-                counts.append(int(stat["count"]))
-    return counts
-
-
-def wait_for_connections(server: NsqdProcess, topic: str, expected: int) -> int:
-    """Wait until nsqd's /stats lists ``expected`` live connections that published to
-    ``topic`` (closed ones take a moment to leave); fails naming the last count."""
-    seen: list[list[int]] = [[]]
-
-    def match() -> bool:
-        seen[0] = producer_connections(server.http_address, topic)
-        return len(seen[0]) == expected
-
-    try:
-        wait_for(match, f"{expected} producer connections", timeout=15.0)
-    except AssertionError:
-        raise AssertionError(
-            f"nsqd lists {len(seen[0])} producer connections for the topic, not {expected}: "
-            f"{seen[0]}"
-        ) from None
-    return expected
-
-
-def check_results(results: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    acked: list[str] = []
-    errors: list[str] = []
-    for result in results:
-        assert result["hung"] == 0, result
-        bad = [e for e in result["errors"] if e.startswith("NOT AN NSQError")]
-        assert not bad, bad
-        acked += result["ok"]
-        errors += result["errors"]
-    return acked, errors
-
-
-def check_bodies(server: NsqdProcess, topic: str, acked: list[str], attempted: set[str]) -> Counter:
-    bodies = read_bodies(server.tcp_address, server.http_address, topic, timeout=60.0)
-    held = Counter({body.decode(): n for body, n in bodies.items()})
-    not_once = [b for b in acked if held[b] != 1]
-    assert not not_once, f"acknowledged bodies not held exactly once: {not_once[:5]}"
-    extra = set(held) - attempted
-    assert not extra, f"bodies nobody published: {sorted(extra)[:5]}"
-    assert max(held.values()) == 1, [b for b, n in held.items() if n > 1][:5]
-    return held
 
 
 # ------------------------------------------------------------------ bare os.fork(), 50 children
@@ -685,7 +505,7 @@ def test_a_message_answer_in_progress_at_the_fork_does_not_block_the_child() -> 
 
     fork_state.install()  # what a started Consumer or a Producer does
     with fork_state.claim_lock:  # the answering thread, caught at the fork
-        pid = _fork()
+        pid = os_fork()
         if pid == 0:  # pragma: no cover - the child reports through its exit status
             code = 1
             try:

@@ -186,58 +186,35 @@ def topic_publishers(http_address: str, topic: str) -> dict[str, int]:
     return found
 
 
-class Gunicorn:
-    """A real gunicorn serving ``app`` (``module:variable``) from ``cwd`` on a free loopback
-    port, with ``--preload`` and two workers; ``worker_class`` "sync" or "gevent"."""
+class WebServer:
+    """A real WSGI server in a subprocess, on a free loopback port, with two workers; subclasses
+    start it and say when it is ready."""
 
-    def __init__(
-        self,
-        app: str,
-        cwd: Path,
-        env: dict[str, str],
-        log: Path,
-        worker_class: str = "sync",
-        options: tuple[str, ...] = (),
-    ) -> None:
+    proc: subprocess.Popen[bytes]
+
+    def __init__(self, log: Path) -> None:
         self.log = log
         self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "gunicorn", "--preload", "-w", "2", "-k", worker_class,
-                "-b", "127.0.0.1:0", "--graceful-timeout", "10",
-                # a gevent worker takes every connection it can accept: two at a time leaves
-                # some for the other worker
-                "--worker-connections", "2",
-                *options, app,
-            ],
-            cwd=cwd,
-            env=env,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
         self.url = ""
         self.worker_pids: set[int] = set()
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Wait until gunicorn listens and both workers booted."""
+        """Wait until the server listens and both workers booted."""
 
         def ready() -> bool:
-            text = self.log_text()
             if self.proc.poll() is not None:
-                raise AssertionError(f"gunicorn exited ({self.proc.returncode}):\n{text}")
-            port = re.search(r"Listening at: http://127\.0\.0\.1:(\d+)", text)
-            pids = {int(p) for p in re.findall(r"Booting worker with pid: (\d+)", text)}
-            if port and len(pids) >= 2:
-                self.url = f"http://127.0.0.1:{port.group(1)}"
-                self.worker_pids = pids
-                return True
-            return False
+                raise AssertionError(f"{self.proc.args[:3]} exited ({self.proc.returncode}):\n"
+                                     f"{self.log_text()}")  # fmt: skip
+            return self._ready()
 
         try:
-            wait_for(ready, "gunicorn and its two workers", timeout=timeout, interval=0.1)
+            wait_for(ready, "the server and its two workers", timeout=timeout, interval=0.1)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.log_text()}") from None
 
@@ -251,12 +228,18 @@ class Gunicorn:
         return result
 
     def spread(
-        self, path: str, params: Callable[[int], dict[str, str]], n: int, rounds: int = 10
+        self,
+        path: str,
+        params: Callable[[int], dict[str, str]],
+        n: int,
+        rounds: int = 10,
+        clients: int = 4,
     ) -> list[dict[str, Any]]:
-        """At least ``n`` requests, 4 at a time, and more (``n`` per round, at most ``rounds``
-        rounds) until both workers answered some; the answers (each with its ``pid``)."""
+        """At least ``n`` requests, ``clients`` at a time, and more (``n`` per round, at most
+        ``rounds`` rounds) until both workers answered some; the answers (each with its
+        ``pid``)."""
         answers: list[dict[str, Any]] = []
-        with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(clients) as pool:
             for _ in range(rounds):
                 start = len(answers)
                 answers += pool.map(lambda i: self.get(path, **params(i)), range(start, start + n))
@@ -274,7 +257,94 @@ class Gunicorn:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-                    raise AssertionError(f"gunicorn did not stop:\n{self.log_text()}") from None
+                    raise AssertionError(f"the server did not stop:\n{self.log_text()}") from None
             return self.proc.returncode
         finally:
             self._log_file.close()
+
+
+class Gunicorn(WebServer):
+    """A real gunicorn serving ``app`` (``module:variable``) from ``cwd`` on a free loopback
+    port, with ``--preload`` and two workers; ``worker_class`` "sync" or "gevent"."""
+
+    def __init__(
+        self,
+        app: str,
+        cwd: Path,
+        env: dict[str, str],
+        log: Path,
+        worker_class: str = "sync",
+        options: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(log)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "--preload", "-w", "2", "-k", worker_class,
+                "-b", "127.0.0.1:0", "--graceful-timeout", "10",
+                # a gevent worker takes every connection it can accept: two at a time leaves
+                # some for the other worker
+                "--worker-connections", "2",
+                *options, app,
+            ],
+            cwd=cwd,
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def _ready(self) -> bool:
+        text = self.log_text()
+        port = re.search(r"Listening at: http://127\.0\.0\.1:(\d+)", text)
+        pids = {int(p) for p in re.findall(r"Booting worker with pid: (\d+)", text)}
+        if port and len(pids) >= 2:
+            self.url = f"http://127.0.0.1:{port.group(1)}"
+            self.worker_pids = pids
+            return True
+        return False
+
+
+def uwsgi_binary() -> str | None:
+    """The ``uwsgi`` of this interpreter's environment (``pip install uwsgi``), or None."""
+    return shutil.which("uwsgi", path=os.path.dirname(sys.executable))
+
+
+class Uwsgi(WebServer):
+    """A real uWSGI with its defaults where users keep them: ``--master --processes 2``, the app
+    loaded once in the master (no ``--lazy-apps``, no ``--py-call-osafterfork``), workers forked
+    from C; ``--die-on-term`` so that SIGTERM stops it (gracefully: workers finish their
+    requests and run ``uwsgi.atexit``). ``module`` is uWSGI's ``--module`` (``module:callable``),
+    ``pythonpath`` the folders it is imported from."""
+
+    def __init__(
+        self,
+        module: str,
+        pythonpath: list[Path],
+        env: dict[str, str],
+        log: Path,
+        options: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(log)
+        binary = uwsgi_binary()
+        assert binary is not None, "uwsgi is not installed"
+        from support.nsq import free_closed_port
+
+        self.url = f"http://127.0.0.1:{free_closed_port()}"
+        paths = [a for p in pythonpath for a in ("--pythonpath", str(p))]
+        self.proc = subprocess.Popen(
+            [
+                binary, "--master", "--processes", "2", "--http-socket", self.url[7:],
+                "--home", sys.prefix, "--need-app", "--die-on-term", "--strict",
+                "--worker-reload-mercy", "15", *paths, "--module", module, *options,
+            ],
+            env=env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def _ready(self) -> bool:
+        text = self.log_text()
+        pids = {int(p) for p in re.findall(r"spawned uWSGI worker \d+ \(pid: (\d+)", text)}
+        if len(pids) >= 2 and "WSGI app 0 (mountpoint='') ready" in text:
+            self.worker_pids = pids
+            return True
+        return False

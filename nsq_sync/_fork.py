@@ -271,7 +271,8 @@ def started_elsewhere(stamp: tuple[int, int] | None) -> str | None:
         f"this Consumer was started in process {stamp[1]} before it forked; its threads and "
         f"connections stay in that process and cannot be shared with this one (pid "
         f"{os.getpid()}). Create and start a new Consumer in each process after the fork (for "
-        "example in gunicorn's post_fork hook or a multiprocessing pool initializer)"
+        "example in gunicorn's post_fork hook, a uwsgidecorators.postfork function under uWSGI, "
+        "or a multiprocessing pool initializer)"
     )
 
 

@@ -1,6 +1,6 @@
 """A cron job: process what is waiting on a channel, then exit with a status cron can act on.
 
-    */5 * * * * flock -n /tmp/orders-export.lock python /srv/app/examples/cron_drain.py
+    */5 * * * * flock -n /tmp/reports-export.lock python /srv/app/examples/cron_drain.py
 
 The run ends when nothing has arrived for ``IDLE_TIMEOUT`` seconds while nsqd could have sent
 something (time in backoff after a failure, or reconnecting, does not count), after
@@ -10,7 +10,7 @@ next run. Exit status 0 when every message was handled, 1 when some handler call
 messages were requeued) so cron mails the log.
 
 Environment: ``NSQD_TCP_ADDRESS`` (default 127.0.0.1:4150) or ``NSQLOOKUPD_HTTP_ADDRESS``,
-``TOPIC`` (default "orders"), ``CHANNEL`` (default "export"), ``IDLE_TIMEOUT`` (seconds).
+``TOPIC`` (default "reports"), ``CHANNEL`` (default "export"), ``IDLE_TIMEOUT`` (seconds).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> int:
     lookupd = os.environ.get("NSQLOOKUPD_HTTP_ADDRESS")
     nsqd = os.environ.get("NSQD_TCP_ADDRESS", "" if lookupd else "127.0.0.1:4150")
     consumer = Consumer(
-        os.environ.get("TOPIC", "orders"),
+        os.environ.get("TOPIC", "reports"),
         os.environ.get("CHANNEL", "export"),
         handle,
         nsqd_tcp_addresses=[nsqd] if nsqd else [],

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import HTTPAPIError, NSQConnectionError, NSQError
+from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "check_lookupd",
     "check_nsqd",
     "check_sources",
+    "guard_backlog",
     "host_port",
     "http_call",
     "lookup",
@@ -114,8 +116,10 @@ def check_nsqd(address: str) -> None:
 
 
 def check_lookupd(address: str) -> None:
+    # /nodes, not /ping: nsqd answers /ping too, and a consumer given nsqd's HTTP address as a
+    # lookupd's would then wait for ever on 404s from /lookup
     with LookupdClient(address) as client:
-        http_call("nsqlookupd", client, lambda c: c.ping())
+        http_call("nsqlookupd", client, lambda c: c.nodes())
 
 
 def lookupd_answers(addresses: Sequence[str], call: Any) -> list[Any]:
@@ -150,3 +154,56 @@ def check_sources(args: argparse.Namespace) -> None:
         [*args.nsqd_tcp_addresses, *args.lookupd_http_addresses],
         lambda a: check_nsqd(a) if a in nsqds else check_lookupd(a),
     )
+
+
+def _backlogs(args: argparse.Namespace, topic: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """What nsqd's HTTP API shows of ``topic`` on the nsqds a consumer of ``args`` reaches:
+    ``(nsqd, depth)`` of each one holding messages for a topic with no channel (nsqd keeps them
+    for the first channel made), and the nsqds it cannot see (a TCP address with no HTTP one, or
+    an HTTP API that did not answer)."""
+    views = list(args.nsqd_http_addresses)
+    listed: set[str] = set()
+    if args.lookupd_http_addresses:
+        for producers in lookupd_answers(args.lookupd_http_addresses, lambda c: c.lookup(topic)):
+            for producer in producers:
+                listed.add(producer.tcp_address)
+                if producer.http_address not in views:
+                    views.append(producer.http_address)
+    unseen = (
+        [] if args.nsqd_http_addresses else [a for a in args.nsqd_tcp_addresses if a not in listed]
+    )
+    backlogs: list[tuple[str, int]] = []
+    for address in views:
+        with NsqdHTTPClient(address, timeout=DIAL_TIMEOUT) as client:
+            try:
+                entry = client.topic_stats(topic, include_clients=False)
+            except HTTPAPIError:
+                unseen.append(host_port(address))
+                continue
+        if entry is not None and not entry.get("channels") and int(entry.get("depth") or 0) > 0:
+            backlogs.append((host_port(address), int(entry["depth"])))
+    return backlogs, unseen
+
+
+def guard_backlog(args: argparse.Namespace, topic: str, flag: str) -> None:
+    """Before an ephemeral channel is made on ``topic``: nsqd keeps the messages of a topic with
+    no channel for the first channel made, and an ephemeral channel would take them and lose
+    them when it goes. Raises UsageError (exit 2, nothing made) naming ``flag`` when an nsqd in
+    view holds such messages; logs a warning when some nsqd is out of view."""
+    backlogs, unseen = _backlogs(args, topic)
+    if backlogs:
+        held = ", ".join(f"nsqd {address} keeps {n} message(s)" for address, n in backlogs)
+        raise UsageError(
+            f"topic {topic} has no channel yet: {held} for the first channel made, and an "
+            f"ephemeral channel would take them and lose them when it goes. Start the topic's "
+            f"real consumer first (its channel then keeps them), or pass {flag} to read them "
+            f"anyway"
+        )
+    if unseen:
+        log.warning(
+            "cannot see topic %s on nsqd %s (no --nsqd-http-address): if it has no channel yet, "
+            "nsqd keeps its messages for the first channel made, and this ephemeral channel "
+            "would take them and lose them when it goes",
+            topic,
+            ", ".join(unseen),
+        )

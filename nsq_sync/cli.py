@@ -1,7 +1,7 @@
 """The ``nsq-sync`` command line (also ``python -m nsq_sync``).
 
     nsq-sync pub TOPIC [BODY ...]      [--delay S] [--batch N] [--rate R]
-    nsq-sync tail TOPIC                [-c CHANNEL] [-n N] [--format raw|json]
+    nsq-sync tail TOPIC                [-c CHANNEL] [-n N] [--format raw|json] [--take-backlog]
     nsq-sync drain TOPIC CHANNEL       [-o FILE] [--idle-timeout S] [--max-messages N] [--timeout S]
                                        [--format raw|json]
     nsq-sync stats                     [--topic T]
@@ -32,6 +32,7 @@ from nsq_sync._cli_servers import (
     UsageError,
     check_nsqd,
     check_sources,
+    guard_backlog,
     host_port,
     http_call,
     lookup,
@@ -141,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("-c", "--channel", help="channel (default: a new ephemeral one)")
     tail.add_argument("-n", type=_positive_int, dest="count", help="exit after N messages")
     tail.add_argument("--format", choices=("raw", "json"), default="raw")
+    tail.add_argument(
+        "--take-backlog",
+        action="store_true",
+        help="on a topic with no channel yet, read the messages nsqd keeps for its first "
+        "channel (by default tail refuses: its ephemeral channel would lose them)",
+    )
     tail.set_defaults(func=cmd_tail)
 
     drain = command("drain", "consume a channel until it is idle, then exit")
@@ -231,6 +238,12 @@ def cmd_pub(args: argparse.Namespace) -> int:
                 raise InvalidBody(f"BODY {index + 1} is empty: nsqd rejects empty messages")
         bodies = encoded
     else:
+        if sys.stdin.isatty():  # not a silent wait: say what it waits for
+            print(
+                f"{PROG} pub: reading messages from standard input, one per line (end with Ctrl-D)",
+                file=sys.stderr,
+                flush=True,
+            )
         bodies = _stdin_bodies(sys.stdin.buffer)
     addresses = list(args.nsqd_tcp_addresses)
     if not addresses and args.lookupd_http_addresses:
@@ -296,6 +309,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
     else:
         channel = validate_channel(args.channel)
     check_sources(args)
+    if channel.endswith("#ephemeral") and not args.take_backlog:
+        guard_backlog(args, args.topic, "--take-backlog")
     max_in_flight = 200  # run(max_messages=) lowers it to what --count leaves
     reader_gone = _ReaderGone()
     consumer = _consumer(
@@ -395,8 +410,14 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     topic = validate_topic(args.topic)
     if not args.lookupd_http_addresses:
         raise UsageError("needs --lookupd-http-address")
-    for address in lookup(args, topic):
+    addresses = lookup(args, topic)
+    for address in addresses:
         print(address)
+    if not addresses:
+        print(
+            f"{PROG} lookup: no nsqd carries topic {topic}: nsqlookupd has no nsqd registered for it",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -3,7 +3,8 @@
 #   - .venv/bin first (python, pytest, tox, ruff, mypy from scripts/bootstrap);
 #   - the newest pyenv CPython 3.9 ... 3.13 bin folders, so that tox finds python3.9 ... python3.13
 #     directly instead of through pyenv shims (which fail for versions not selected by pyenv);
-#   - NSQ_BIN=<repo>/.nsq/bin unless NSQ_BIN is already set.
+#   - NSQ_BIN=<repo>/.nsq/bin unless NSQ_BIN is already set, and that folder on PATH too (nsqd,
+#     nsqlookupd, as docs/quickstart.md starts them; after .venv/bin).
 # Safe to source more than once: folders already on PATH are not added again.
 
 _nsq_sync_root="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)"
@@ -31,10 +32,11 @@ if [ -n "$_nsq_sync_pyenv_root" ]; then
     fi
   done
 fi
+export NSQ_BIN="${NSQ_BIN:-$_nsq_sync_root/.nsq/bin}"
+_nsq_sync_path_prepend "$NSQ_BIN"
 # Prepended last, so it comes first.
 _nsq_sync_path_prepend "$_nsq_sync_root/.venv/bin"
 export PATH
-export NSQ_BIN="${NSQ_BIN:-$_nsq_sync_root/.nsq/bin}"
 
 unset -f _nsq_sync_path_prepend
 unset _nsq_sync_root _nsq_sync_pyenv_root _nsq_sync_minor _nsq_sync_dir

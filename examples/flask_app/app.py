@@ -1,5 +1,6 @@
 """A small Flask app that publishes from a view, and the handler its worker runs.
 
+    pip install ".[flask]" gunicorn     # from the repository's root (and ".[gevent]" for -k gevent)
     export NSQD_TCP_ADDRESSES=127.0.0.1:4150
     gunicorn --preload -w 2 -b 127.0.0.1:8000 app:app            # or -k gevent
     curl 'http://127.0.0.1:8000/publish?body=hello'

@@ -8,6 +8,7 @@ import atexit
 import dataclasses
 import difflib
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,14 @@ from nsq_sync.consumer import Consumer
 from nsq_sync.errors import ConfigError
 from nsq_sync.producer import Producer
 
-__all__ = ["NsqSettings", "ProducerHolder", "Problem", "find_problems", "parse_settings"]
+__all__ = [
+    "NsqSettings",
+    "ProducerHolder",
+    "Problem",
+    "find_problems",
+    "parse_settings",
+    "show_logs",
+]
 
 log = logging.getLogger("nsq_sync.contrib")
 
@@ -232,7 +240,8 @@ def run_to_exit_status(
     graceful stop is success), else 0 when nothing failed and 1 when handlers failed or gave
     up."""
     summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)
-    log.info(
+    log.log(
+        logging.INFO if summary.ok else logging.WARNING,
         "consumer stopped (%s): %d handled, %d failed, %d gave up",
         summary.reason,
         summary.handled,
@@ -240,6 +249,36 @@ def run_to_exit_status(
         summary.gave_up,
     )
     return summary.exit_status
+
+
+def _routed(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler other than a NullHandler."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def show_logs(level: int) -> bool:
+    """For the consume commands: when the application routes nsq_sync's log records nowhere
+    (no handler on the ``nsq_sync`` logger or above it; the library itself adds only a
+    NullHandler, which also keeps Python's last-resort handler quiet), send them to stderr from
+    ``level`` up, so that a failing handler is seen, with its traceback. Logging the application
+    configured is left alone. Returns whether a handler was added. Call it from the main thread
+    before the consumer starts.
+    """
+    logger = logging.getLogger("nsq_sync")
+    if _routed(logger):
+        return False
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    return True
 
 
 def setting_name(key: str) -> str:

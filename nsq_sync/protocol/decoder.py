@@ -63,6 +63,7 @@ EOF: Final = _Sentinel("EOF")
 
 _HEARTBEAT_EVENT = Heartbeat()
 _HTTP = b"HTTP"
+_BAD_PROTOCOL = b"E_BAD_PROTOCOL"
 
 
 def parse_message(data: bytes) -> MessageFrame:
@@ -182,6 +183,13 @@ class FrameDecoder:
             self._check_type_advanced()
             return ErrorFrame(data)
         self._pos = pos
+        if bytes(buf[pos + 4 : end]) == _BAD_PROTOCOL:
+            # nsqlookupd answers nsqd's magic ("  V2") with a bare E_BAD_PROTOCOL: its size,
+            # then text where the frame type should be ("E_BA" reads as 1163870785)
+            raise RemoteProtocolError(
+                "received E_BAD_PROTOCOL outside any frame: this looks like nsqlookupd's TCP "
+                "port, not nsqd's"
+            )
         raise RemoteProtocolError(f"unknown frame type {frame_type}")
 
     def next_messages(self, out: list[RawMessage]) -> Event | _Sentinel:

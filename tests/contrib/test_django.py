@@ -353,6 +353,43 @@ def test_nsq_consume_idle_timeout_exits_1_when_handlers_failed(
     assert code == 1, err
     assert _shipments(db) == [(1, "x")]
     assert time.monotonic() - started < 60
+    # the example's LOGGING routes nsq_sync's logs: shown once, by its handler, not twice
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "ValueError: order 2 cannot be shipped" in err, err
+
+
+BARE_SETTINGS = """
+INSTALLED_APPS = ["nsq_sync.contrib.django"]
+DATABASES = {}
+NSQ = {"nsqd_tcp_addresses": ["%s"]}
+"""
+
+FAILING_HANDLER = """
+def handle(message):
+    raise ValueError("cannot handle " + message.body.decode())
+"""
+
+
+def test_nsq_consume_shows_a_failing_handler_without_any_logging_setting(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    """A project whose settings say nothing about logging: the command itself shows the
+    handler's failure with its traceback on stderr (before, nothing at all), and exits 1."""
+    (tmp_path / "bare_settings.py").write_text(BARE_SETTINGS % nsqd.tcp_address)
+    (tmp_path / "failing.py").write_text(FAILING_HANDLER)
+    with Producer(nsqd.tcp_address) as producer:
+        producer.publish(nsq_topic, b"order 7")
+    env = {k: v for k, v in example_env().items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(tmp_path), DJANGO_SETTINGS_MODULE="bare_settings")
+    began = time.monotonic()
+    args = ["-m", "django", "nsq_consume", nsq_topic, "shipping", "--handler", "failing.handle"]
+    code, err = finish(start_command([*args, "--max-messages", "1"], tmp_path, env))
+    assert code == 1, err
+    assert time.monotonic() - began < 60, err
+    assert "handler failed on message" in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "ValueError: cannot handle order 7" in err, err
+    assert "consumer stopped (max_messages): 1 handled, 1 failed" in err, err
 
 
 def test_nsq_consume_batch_size_writes_batches_through_the_orm(

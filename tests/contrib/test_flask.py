@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +165,15 @@ def test_flask_consume_runs_handlers_in_an_app_context_and_exits_0_on_sigterm(
 def test_flask_consume_bad_handler_exits_2(
     tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
+    """The error names the path as given and its real cause (it was werkzeug's message, cut
+    after "Possible reasons are:", naming app.nope)."""
     env = _example_env(nsqd, tmp_path / "a.log", nsq_topic)
     code, err = finish(_flask_consume(env, nsq_topic, "--handler", "app:nope"))
     assert code == 2
-    assert "--handler" in err
+    assert "--handler" in err and "app:nope: app has no attribute 'nope'" in err, err
+    code, err = finish(_flask_consume(env, nsq_topic, "--handler", "no_such_module:f"))
+    assert code == 2
+    assert "No module named 'no_such_module'" in err, err
 
 
 def test_flask_consume_max_messages_exits_0(
@@ -191,13 +197,21 @@ def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
     with Producer(nsqd.tcp_address) as producer:
         producer.multi_publish(nsq_topic, [b"ok", b"fail"])
     env = _example_env(nsqd, archive, nsq_topic)
+    began = time.monotonic()
     code, err = finish(
         _flask_consume(
             env, nsq_topic, "--handler", "app:archive", "--idle-timeout", "1", "--max-messages", "2"
         )
     )
     assert code == 1, err
+    assert time.monotonic() - began < 60, err
     assert _archived(archive) == [b"ok"]
+    # the app configures no logging: the command shows the failure, with its traceback, on
+    # stderr (it printed nothing: the library adds only a NullHandler)
+    assert "handler failed on message" in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "ValueError: refusing to archive 'fail'" in err, err
+    assert "consumer stopped (max_messages): 2 handled, 1 failed" in err, err
 
 
 def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context(

@@ -4,25 +4,32 @@ page says it does.
 A fenced Python block in those files is preceded by one of two HTML comments (invisible on
 GitHub and in the built site):
 
-- ``<!-- snippet: NAME -->``: the block is run, in a fresh interpreter, against a fresh
-  nsqlookupd and nsqd(s) (the ``nsq_cluster`` fixture), with the documented example addresses
-  (``127.0.0.1:4150``, ``http://127.0.0.1:4161``...) replaced by the test servers' real ones.
-  ``SNIPPETS[NAME]`` says what to prepare (messages to consume), when a long-running snippet
-  has shown what it promises (then it gets SIGTERM, as a deployment would send), and what to
-  check afterwards (the exit status, what it printed, what nsqd holds).
+- ``<!-- snippet: NAME -->``: the block is run, in a fresh interpreter, with the documented
+  example addresses (``127.0.0.1:4150``, ``http://127.0.0.1:4161``...) replaced by the test
+  servers' real ones. ``SNIPPETS[NAME]`` says when a long-running snippet has shown what it
+  promises (then it gets SIGTERM, as a deployment would send), and what to check afterwards
+  (the exit status, what it printed, what nsqd holds).
 - ``<!-- no-run: WHY -->``: the block is shown, not run (a settings fragment, a gunicorn config
   file, a Spark job); WHY says so to the reader of the source.
 
 A Python block with neither fails ``test_every_python_block_is_run_or_marked``, as does a
 snippet name with no entry here, or an entry no page uses, so nothing is skipped silently.
+
+Each page is followed **in the order a reader meets it**, against one fresh nsqlookupd and
+nsqd(s) of its own (the ``nsq_cluster`` fixture): its snippets, and its shell sessions (fenced
+``console`` blocks: the ``$ nsq-sync ...`` lines are run and their output compared with what the
+page shows; see console.py). Nothing is published behind the reader's back: a consumer example
+gets the messages the page said to publish before it.
 Run by ``tox -e docs`` (which sets NSQ_SYNC_TEST_DOCS=1; see conftest.py in this folder).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import console
 import pytest
 from support.nsq import settled_channel, wait_for
 
-from nsq_sync import LookupdClient, NsqdHTTPClient, Producer
+from nsq_sync import LookupdClient, NsqdHTTPClient
 from nsq_sync.testing import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +72,20 @@ class Block:
 
 
 def doc_files() -> list[Path]:
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md, then the pages in the order of docs/index.md's tables of contents (any page
+    not in them after those), then ARCHITECTURE.md: the order a reader meets them."""
+    docs = ROOT / "docs"
+    listed: list[Path] = []
+    in_toctree = False
+    for line in (docs / "index.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("```{toctree}"):
+            in_toctree = True
+        elif line.startswith("```"):
+            in_toctree = False
+        elif in_toctree and line.strip() and not line.startswith(":"):
+            listed.append(docs / f"{line.strip()}.md")
+    rest = [p for p in sorted(docs.glob("*.md")) if p not in listed]
+    files = [ROOT / "README.md", *[p for p in listed if p.exists()], *rest]
     if (ROOT / "ARCHITECTURE.md").exists():
         files.append(ROOT / "ARCHITECTURE.md")
     return files
@@ -119,6 +140,7 @@ class Run:
     returncode: int | None = None
     stdout: str = ""
     stderr: str = ""
+    before: dict[str, int] = field(default_factory=dict)  # topic depths on nsqd 0 beforehand
 
     @property
     def nsqd(self) -> NsqdHTTPClient:
@@ -136,7 +158,6 @@ class Spec:
 
     check: Callable[[Run], None]
     nodes: int = 1
-    setup: Callable[[Cluster], None] | None = None  # before it starts (publish what it consumes)
     stop_when: Callable[[Run], bool] | None = None  # a long-running snippet: SIGTERM once true
     placeholder: str = ""  # replaces a line that is only "..." (the program's own work)
     prologue: str = ""  # code run first in the same interpreter (a framework's set-up)
@@ -193,7 +214,7 @@ def run_snippet(block: Block, spec: Spec, cluster: Cluster, tmp_path: Path) -> R
     # The snippet sees none of the suite's NSQ_SYNC_* settings (Config.from_env would read them).
     env = {k: v for k, v in os.environ.items() if not k.startswith("NSQ_SYNC_")}
     env.update(PYTHONUNBUFFERED="1", **spec.env)
-    run = Run(cluster)
+    run = Run(cluster, before=topic_depths(cluster))
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=stdout, stderr=stderr)
@@ -223,13 +244,22 @@ def run_snippet(block: Block, spec: Spec, cluster: Cluster, tmp_path: Path) -> R
 # --------------------------------------------------------------------------- what each promises
 
 
-def publish(cluster: Cluster, topic: str, bodies: list[bytes]) -> None:
-    """Publish to the first nsqd and wait until nsqlookupd lists the topic there (nsqd registers
-    a new topic with lookupd asynchronously), so a consumer started next finds it."""
-    with Producer(cluster.nsqds[0].tcp_address) as producer:
-        producer.multi_publish(topic, bodies)
+def topic_depths(cluster: Cluster) -> dict[str, int]:
+    """Each topic's depth on the first nsqd."""
+    with NsqdHTTPClient(cluster.nsqds[0].http_url) as nsqd:
+        return {t["topic_name"]: int(t["depth"]) for t in nsqd.stats()["topics"]}
+
+
+def lookupd_caught_up(cluster: Cluster) -> None:
+    """Wait until nsqlookupd lists every topic the nsqds have (nsqd registers a new topic
+    asynchronously), so that a consumer started next through nsqlookupd finds it, as it would
+    for a reader typing the next example a few seconds later."""
     lookupd = LookupdClient(cluster.lookupd.http_url)
-    wait_for(lambda: lookupd.lookup(topic), f"nsqlookupd to list {topic}")
+    topics: set[str] = set()
+    for node in cluster.nsqds:
+        with NsqdHTTPClient(node.http_url) as nsqd:
+            topics.update(t["topic_name"] for t in nsqd.stats()["topics"])
+    wait_for(lambda: topics <= set(lookupd.topics()), f"nsqlookupd to list {sorted(topics)}")
 
 
 def lines_with(prefix: str, run: Run) -> list[str]:
@@ -257,37 +287,43 @@ def check_quickstart_producer(run: Run) -> None:
 
 def check_quickstart_consumer(run: Run) -> None:
     exited_ok(run)  # SIGTERM: run() stopped gracefully and returned
+    # the three the producer example published before: the topic's first channel gets them
     assert lines_with("got ", run) == ["order 1", "order 2", "order 3"], run.describe()
     drained(run, "orders", "billing")
 
 
 def check_consumer_full(run: Run) -> None:
     exited_ok(run)
-    assert lines_with("handled ", run) == ["order 1 attempt 1", "order 2 attempt 1"], run.describe()
+    assert lines_with("handled ", run) == ["invoice 1 attempt 1", "invoice 2 attempt 1"], (
+        run.describe()
+    )
     assert "ConsumerStats(" in run.stdout, run.describe()
-    stats = drained(run, "orders", "billing")
+    stats = drained(run, "invoices", "billing")
     assert stats["deferred_count"] == 1, stats  # RequeueMessage(delay=60.0): nsqd holds it back
 
 
 def check_producer_full(run: Run) -> None:
     exited_ok(run)
     assert "publishing through threads" in run.stdout, run.describe()
-    topic = run.nsqd.topic_stats("orders")
+    topic = run.nsqd.topic_stats("shipments")
     assert topic is not None and topic["message_count"] == 5, (topic, run.describe())
     second = NsqdHTTPClient(run.cluster.nsqds[1].http_url)
-    assert second.depth("orders") is None  # the first nsqd answered: no failover happened
+    assert second.depth("shipments") is None  # the first nsqd answered: no failover happened
 
 
 def check_producer_errors(run: Run) -> None:
     exited_ok(run)
     assert "not published" not in run.stdout, run.describe()
-    assert run.nsqd.depth("orders") == 1, run.describe()
+    assert run.nsqd.depth("shipments") == run.before.get("shipments", 0) + 1, run.describe()
 
 
 def check_http_clients(run: Run) -> None:
     exited_ok(run)
-    assert "depth 1" in run.stdout.splitlines(), run.describe()
-    assert f"nsqds ['{run.cluster.nsqds[0].tcp_address}']" in run.stdout, run.describe()
+    depth = run.before.get("shipments", 0) + 1  # with what the page's examples published before
+    assert f"depth {depth}" in run.stdout.splitlines(), run.describe()
+    nsqds = re.search(r"^nsqds (\[.*\])$", run.stdout, re.M)
+    assert nsqds is not None, run.describe()
+    assert sorted(ast.literal_eval(nsqds.group(1))) == sorted(run.cluster.nsqd_tcp_addresses)
 
 
 def check_config_sources(run: Run) -> None:
@@ -298,19 +334,22 @@ def check_config_sources(run: Run) -> None:
 def check_gevent(run: Run) -> None:
     exited_ok(run)
     assert "published on gevent" in run.stdout, run.describe()
-    assert run.nsqd.depth("orders") == 100, run.describe()
+    assert run.nsqd.depth("signups") == 100, run.describe()
 
 
-def check_one_message(run: Run) -> None:
-    exited_ok(run)
-    assert run.nsqd.depth("orders") == 1, run.describe()
+def one_message_on(topic: str) -> Callable[[Run], None]:
+    def check(run: Run) -> None:
+        exited_ok(run)
+        assert run.nsqd.depth(topic) == 1, run.describe()
+
+    return check
 
 
 def check_cron_run(run: Run) -> None:
     exited_ok(run)  # ended by itself: idle_timeout, summary.ok
-    assert lines_with("exported ", run) == ["order 1", "order 2", "order 3"], run.describe()
+    assert lines_with("exported ", run) == ["report 1", "report 2", "report 3"], run.describe()
     assert "idle 3 handled" in run.stdout, run.describe()
-    drained(run, "orders", "export")
+    drained(run, "reports", "export")
 
 
 def inserted(run: Run) -> int:
@@ -320,15 +359,13 @@ def inserted(run: Run) -> int:
 def check_batch_consumer(run: Run) -> None:
     exited_ok(run)
     assert inserted(run) == 3, run.describe()
-    drained(run, "orders", "db")
+    drained(run, "rows", "db")
 
 
 def check_pytest_plugin(run: Run) -> None:
     assert run.returncode == 0, run.describe()
     assert re.search(r"^1 passed", run.stdout, re.M), run.describe()
 
-
-ORDERS = [b"order 1", b"order 2", b"order 3"]
 
 DJANGO_SETTINGS = """
 import django
@@ -347,23 +384,26 @@ from django.db import transaction as _transaction
 
 try:
     with _transaction.atomic():
-        publish("orders", b"rolled back", on_commit=True)
+        publish("shop_orders", b"rolled back", on_commit=True)
         raise RuntimeError("roll back")
 except RuntimeError:
     pass
 get_producer().close()
 """
 
+
+def check_logging(run: Run) -> None:
+    exited_ok(run)
+    assert "INFO nsq_sync: nsq_sync logs are shown" in run.stderr, run.describe()
+
+
 SNIPPETS: dict[str, Spec] = {
     "quickstart-producer": Spec(check=check_quickstart_producer),
     "quickstart-consumer": Spec(
-        check=check_quickstart_consumer,
-        setup=lambda cluster: publish(cluster, "orders", ORDERS),
-        stop_when=lambda run: len(lines_with("got ", run)) == 3,
+        check=check_quickstart_consumer, stop_when=lambda run: len(lines_with("got ", run)) == 3
     ),
     "consumer-full": Spec(
         check=check_consumer_full,
-        setup=lambda cluster: publish(cluster, "orders", [b"order 1", b"later", b"order 2"]),
         placeholder=textwrap.dedent(
             """\
             import time
@@ -372,31 +412,24 @@ SNIPPETS: dict[str, Spec] = {
             """
         ),
     ),
+    "logging": Spec(check=check_logging),
     "producer-full": Spec(check=check_producer_full, nodes=2),
     "producer-errors": Spec(check=check_producer_errors),
     "http-clients": Spec(check=check_http_clients),
     "config-sources": Spec(check=check_config_sources, env={"NSQ_SYNC_MAX_IN_FLIGHT": "200"}),
     "gevent": Spec(check=check_gevent),
     "django-publish": Spec(
-        check=check_one_message, prologue=DJANGO_SETTINGS, epilogue=DJANGO_ROLLBACK
+        check=one_message_on("shop_orders"), prologue=DJANGO_SETTINGS, epilogue=DJANGO_ROLLBACK
     ),
     "flask-publish": Spec(
-        check=check_one_message,
+        check=one_message_on("signups"),
         epilogue="""
-        response = app.test_client().post("/orders")
+        response = app.test_client().post("/signups")
         assert response.status_code == 202, response
         """,
     ),
-    "cron-run": Spec(
-        check=check_cron_run, setup=lambda cluster: publish(cluster, "orders", ORDERS)
-    ),
-    "batch-consumer": Spec(
-        check=check_batch_consumer,
-        setup=lambda cluster: publish(
-            cluster, "orders", [json.dumps({"id": i}).encode() for i in (1, 2, 3)]
-        ),
-        stop_when=lambda run: inserted(run) >= 3,
-    ),
+    "cron-run": Spec(check=check_cron_run),
+    "batch-consumer": Spec(check=check_batch_consumer, stop_when=lambda run: inserted(run) >= 3),
     "pytest-plugin": Spec(check=check_pytest_plugin, pytest=True),
 }
 
@@ -441,19 +474,140 @@ def test_the_parser_finds_marks_and_fences(tmp_path: Path) -> None:
     ]
 
 
+# --------------------------------------------------------------------------- shell sessions
+
+
+def _expected(command: console.Command, subst: Callable[[str], str]) -> tuple[list[str], list[str]]:
+    """What the page shows under a command: its stdout lines and its stderr lines (those that
+    start with the program's name)."""
+    shown = [subst(line) for line in command.shown]
+    return [x for x in shown if not x.startswith("nsq-sync ")], [
+        x for x in shown if x.startswith("nsq-sync ")
+    ]
+
+
+def _same_output(shown: list[str], actual: list[str], where: str) -> None:
+    """The lines as shown; a JSON message line by its body (ids and timestamps differ), a table
+    row cell by cell (column widths follow the real addresses)."""
+    assert len(actual) == len(shown), f"{where}: shown {shown}, got {actual}"
+    for expected, line in zip(shown, actual):
+        if expected.startswith("{") and '"body"' in expected:
+            assert json.loads(line)["body"] == json.loads(expected)["body"], (where, line)
+        else:
+            assert line.split() == expected.split(), (where, line)
+
+
+def _check_command(
+    command: console.Command, status: int | None, out: bytes, err: bytes, where: str, subst: Any
+) -> None:
+    shown_out, shown_err = _expected(command, subst)
+    text = f"{where} $ {command.line}: exit status {status}\n{out!r}\n{err.decode()}"
+    assert status == (2 if any(": error: " in line for line in shown_err) else 0), text
+    _same_output(shown_out, out.decode().splitlines(), text)
+    assert err.decode().splitlines() == shown_err, text
+
+
+def _follows(command: console.Command) -> bool:
+    """``nsq-sync tail`` without ``-n``: it prints until Ctrl-C, while the reader publishes from
+    another terminal (the page's next console block)."""
+    words = command.line.split()
+    refused = any(": error: " in line for line in command.shown)
+    return "tail" in words and "-n" not in words and not refused
+
+
+def run_session(block: Block, after: Block | None, cluster: Cluster) -> bool:
+    """Run a console block's commands in order, each checked against what the page shows.
+    Returns whether ``after`` (the next block) was run too: the other terminal of a tail."""
+
+    def subst(text: str) -> str:
+        return substitute(text, cluster)
+
+    used_after = False
+    for command in console.session(block.code):
+        if _follows(command):
+            assert after is not None and after.lang == "console", f"{block.where}: tail, then?"
+            _follow(command, block, after, cluster, subst)
+            used_after = True
+        else:
+            done = console.run(command, subst)
+            _check_command(command, done.returncode, done.stdout, done.stderr, block.where, subst)
+    return used_after
+
+
+def _follow(
+    command: console.Command, block: Block, after: Block, cluster: Cluster, subst: Any
+) -> None:
+    """Start a tail, run the next console block (another terminal) once it has subscribed,
+    wait until it has printed what the page shows, then stop it as Ctrl-C would."""
+    words = shlex.split(subst(command.line))
+    topic = words[words.index("tail") + 1]
+    nsqd = NsqdHTTPClient(cluster.nsqds[0].http_url)
+    shown_out, _ = _expected(command, subst)
+
+    def tail_channel() -> str | None:
+        entry = nsqd.topic_stats(topic)
+        for channel in entry["channels"] if entry else []:
+            if channel["channel_name"].endswith("#ephemeral") and channel["clients"]:
+                return str(channel["channel_name"])
+        return None
+
+    proc = console.spawn(command, subst)
+    try:
+        name = wait_for(tail_channel, f"{block.where}: tail to subscribe")
+        run_session(after, None, cluster)
+
+        def printed() -> bool:
+            channel = nsqd.channel_stats(topic, name)
+            return bool(
+                channel
+                and channel["message_count"] >= len(shown_out)
+                and (channel["depth"], channel["in_flight_count"]) == (0, 0)
+            )
+
+        wait_for(printed, f"{block.where}: tail to print {shown_out}")
+        proc.send_signal(signal.SIGTERM)  # Ctrl-C (SIGINT) stops it the same way
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    _check_command(command, proc.returncode, out, err, block.where, subst)
+
+
+# --------------------------------------------------------------------------- pages, in order
+
+
+def _steps(path: Path) -> list[Block]:
+    return [
+        b
+        for b in read_blocks(path)
+        if b.lang == "console" or (b.lang in PYTHON_LANGS and b.mark == "snippet")
+    ]
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "block",
-    [b for b in python_blocks() if b.mark == "snippet" and b.name in SNIPPETS],
-    ids=lambda b: f"{b.name}@{b.where}",
+    "page", [p for p in doc_files() if _steps(p)], ids=lambda p: str(p.relative_to(ROOT))
 )
-def test_snippet(block: Block, nsq_cluster: Any, tmp_path: Path) -> None:
-    spec = SNIPPETS[block.name]
-    cluster = nsq_cluster(spec.nodes)
-    if spec.setup is not None:
-        spec.setup(cluster)
-    run = run_snippet(block, spec, cluster, tmp_path)
-    spec.check(run)
+def test_page_in_reading_order(page: Path, nsq_cluster: Any, tmp_path: Path) -> None:
+    """The page's snippets and shell sessions, in order, against one cluster of its own."""
+    steps = _steps(page)
+    nodes = max([SNIPPETS[b.name].nodes for b in steps if b.mark == "snippet"], default=1)
+    cluster = nsq_cluster(nodes)
+    skip_next = False
+    for index, block in enumerate(steps):
+        if skip_next:
+            skip_next = False
+            continue
+        if block.lang == "console":
+            after = steps[index + 1] if index + 1 < len(steps) else None
+            skip_next = run_session(block, after, cluster)
+        else:
+            spec = SNIPPETS[block.name]
+            folder = tmp_path / f"{index}-{block.name}"
+            folder.mkdir()
+            spec.check(run_snippet(block, spec, cluster, folder))
+        lookupd_caught_up(cluster)
 
 
 def test_the_configuration_reference_covers_every_option() -> None:

@@ -1,4 +1,4 @@
-"""The consumer side: ``manage.py nsq_consume orders shipping --handler shop.handlers.ship``, or
+"""The consumer side: ``manage.py nsq_consume shop_orders shipping --handler shop.handlers.ship``, or
 ``--handler shop.handlers.ship_batch --batch-size 100`` to write many orders at once."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Settings of the example shop: the parts that matter are INSTALLED_APPS and NSQ.
 
 Environment: NSQD_TCP_ADDRESSES (comma-separated, default 127.0.0.1:4150), ORDERS_TOPIC
-(default "orders"), SHOP_DB (the sqlite file, default db.sqlite3 next to manage.py).
+(default "shop_orders"), SHOP_DB (the sqlite file, default db.sqlite3 next to manage.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ NSQ = {
     "nsqd_tcp_addresses": os.environ.get("NSQD_TCP_ADDRESSES", "127.0.0.1:4150").split(","),
     "max_in_flight": 10,
 }
-ORDERS_TOPIC = os.environ.get("ORDERS_TOPIC", "orders")
+ORDERS_TOPIC = os.environ.get("ORDERS_TOPIC", "shop_orders")
 
 LOGGING = {
     "version": 1,

@@ -18,6 +18,8 @@ Handlers run inside an application context. The producer is closed at interprete
 
 from __future__ import annotations
 
+import importlib
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from nsq_sync.contrib._common import (
     make_consumer,
     parse_settings,
     run_to_exit_status,
+    show_logs,
 )
 from nsq_sync.errors import NSQError
 from nsq_sync.message import Message
@@ -116,20 +119,34 @@ class NSQ:
 
 
 def load_handler(path: str) -> Callable[[Message], Any]:
-    """Import ``module:function`` (or ``module.function``).
+    """Import ``module:function`` (or ``module.function``; ``module:object.method`` too).
 
     Raises:
-        click.BadParameter: (exit status 2) it cannot be imported or is not callable.
+        click.BadParameter: (exit status 2) it cannot be imported or is not callable; the
+            message names the path as given and the real cause.
     """
-    from werkzeug.utils import ImportStringError, import_string
-
+    module_name, colon, name = path.partition(":")
+    if not colon:
+        module_name, _, name = path.rpartition(".")
+    if not module_name or not name:
+        raise click.BadParameter(f"{path}: expected module:function", param_hint="--handler")
     try:
-        handler = import_string(path)
-    except ImportStringError as exc:
-        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--handler") from None
-    if not callable(handler):
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the module's own import error is the cause to show
+        raise click.BadParameter(
+            f"{path}: cannot import {module_name}: {type(exc).__name__}: {exc}",
+            param_hint="--handler",
+        ) from None
+    for part in name.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise click.BadParameter(
+                f"{path}: {module_name} has no attribute {name!r}", param_hint="--handler"
+            ) from None
+    if not callable(target):
         raise click.BadParameter(f"{path} is not callable", param_hint="--handler")
-    return handler  # type: ignore[no-any-return]
+    return target  # type: ignore[no-any-return]
 
 
 nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
@@ -165,6 +182,13 @@ nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
     default=None,
     help="Seconds a batch waits for more messages after its first (default 1).",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More logs: -v info, -vv debug (default: warnings and errors, such as a handler's "
+    "failure with its traceback). Only when the app routes no nsq_sync logs itself.",
+)
 def consume(
     topic: str,
     channel: str,
@@ -175,12 +199,14 @@ def consume(
     max_messages: int | None,
     batch_size: int | None,
     batch_timeout: float | None,
+    verbose: int,
 ) -> None:
     """Consume TOPIC/CHANNEL with a handler until SIGTERM (exit 0); exit 1 when handlers failed
     in a run ended by --idle-timeout or --max-messages. With --batch-size the handler receives a
     list of messages."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     function = load_handler(handler)
+    show_logs(logging.WARNING - 10 * min(verbose, 2))
 
     def in_app_context(message: Any) -> Any:  # a Message, or a list of them (--batch-size)
         with app.app_context():

@@ -290,6 +290,14 @@ def test_http_reply_means_the_http_port_was_dialled(
     assert type(info.value) is RemoteProtocolError
 
 
+def test_nsqlookupds_bad_protocol_answer_means_its_tcp_port_was_dialled(feeder: Feeder) -> None:
+    """nsqlookupd answers nsqd's magic with a bare E_BAD_PROTOCOL (size, then the text): before,
+    this read as "unknown frame type 1163870785" ("E_BA")."""
+    with pytest.raises(RemoteProtocolError, match="nsqlookupd's TCP port") as info:
+        feeder.events(struct.pack(">l", 14) + b"E_BAD_PROTOCOL")
+    assert "1163870785" not in str(info.value)
+
+
 @pytest.mark.parametrize("frame_type", [3, 4, -1, 0x7FFFFFFF])
 def test_unknown_frame_type_is_rejected(feeder: Feeder, frame_type: int) -> None:
     with pytest.raises(RemoteProtocolError, match=f"unknown frame type {frame_type}"):

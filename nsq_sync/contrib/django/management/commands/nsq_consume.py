@@ -9,6 +9,7 @@ Exit status: 0 after SIGTERM/SIGINT (a graceful stop) or a run that ended with n
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,10 +17,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
-from nsq_sync.contrib._common import make_consumer, run_to_exit_status
+from nsq_sync.contrib._common import make_consumer, run_to_exit_status, show_logs
 from nsq_sync.contrib.django import get_settings
 from nsq_sync.errors import NSQError
 from nsq_sync.message import Message
+
+#: --verbosity (0-3) -> the lowest level shown when nsq_sync's logs go to stderr
+_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}
 
 
 def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -108,6 +112,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = with_fresh_connections(load_handler(options["handler"]))
+        # nsq_sync's logs go where LOGGING sends them; if it sends them nowhere, to stderr
+        show_logs(_LEVELS.get(options["verbosity"], logging.DEBUG))
         settings = get_settings()
         try:
             consumer = make_consumer(

@@ -144,7 +144,7 @@ def test_cli_list_shows_every_message_and_puts_it_back(nsqd: NsqdProcess, nsq_to
     assert len(rows) == 4
     for i in range(3):
         [row] = [r for r in rows if r.startswith(f"{i:016x}")]
-        assert f" 5 " in row and f"{nsq_topic}/{CHANNEL}" in row and f"ValueError: boom {i}" in row
+        assert " 5 " in row and f"{nsq_topic}/{CHANNEL}" in row and f"ValueError: boom {i}" in row
         assert "\\x00\\xff" in row or "\\x00" in row  # the preview escapes binary
     assert any("(not a dead-letter envelope)" in r and "not an envelope" in r for r in rows)
     assert "4 message(s) in" in done.stderr.decode()
@@ -180,7 +180,7 @@ def test_cli_replay_stopped_by_sigterm_loses_nothing(nsqd: NsqdProcess, nsq_topi
     assert b"ended: signal" in stderr
     back = bodies_of(nsqd, nsq_topic, CHANNEL)
     still = originals_in(nsqd, dead)
-    assert 0 < sum(back.values()) and 0 < sum(still.values()), "stopped half way"
+    assert sum(back.values()) > 0 and sum(still.values()) > 0, "stopped half way"
     assert not set(back) & set(still)  # in exactly one of the two places
     assert set(back) | set(still) == set(bodies)  # none lost
     duplicates = sum(back.values()) + sum(still.values()) - n

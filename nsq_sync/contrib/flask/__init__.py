@@ -165,6 +165,12 @@ nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
     default=None,
     help="Seconds a batch waits for more messages after its first (default 1).",
 )
+@click.option(
+    "--dead-letter-topic",
+    default=None,
+    help="Publish messages given up (NSQ_MAX_ATTEMPTS used, or nsq_sync.DeadLetter raised) to "
+    "this topic before finishing them.",
+)
 def consume(
     topic: str,
     channel: str,
@@ -175,6 +181,7 @@ def consume(
     max_messages: int | None,
     batch_size: int | None,
     batch_timeout: float | None,
+    dead_letter_topic: str | None = None,
 ) -> None:
     """Consume TOPIC/CHANNEL with a handler until SIGTERM (exit 0); exit 1 when handlers failed
     in a run ended by --idle-timeout or --max-messages. With --batch-size the handler receives a
@@ -199,6 +206,7 @@ def consume(
             max_in_flight=max_in_flight,
             batch_size=batch_size,
             batch_timeout=batch_timeout,
+            dead_letter_topic=dead_letter_topic,
         )
     except (NSQError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc

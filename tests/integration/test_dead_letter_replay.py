@@ -224,3 +224,40 @@ def test_replay_rides_out_an_nsqd_restart(nsqd_factory: Any, nsq_topic: str) -> 
     print(f"nsqd restart during replay: {summary}; {duplicates} duplicate(s)")
     assert 0 <= duplicates <= in_flight  # republished, FIN lost with the connection
     assert summary.replayed >= sum(back.values()) - duplicates
+
+
+def test_cli_drain_moves_a_message_failed_too_often_to_the_dead_letter_topic(
+    nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    dead = dead_topic(nsq_topic)
+    client = prepare_channel(nsqd, nsq_topic, CHANNEL)
+    client.pub(nsq_topic, b"poison\x00")
+    deliveries: list[int] = []
+
+    def requeue(message: Message) -> None:  # another consumer of the channel keeps failing
+        deliveries.append(message.attempts)
+        message.requeue(0.0, backoff=False)
+
+    failing = Consumer(
+        nsq_topic, CHANNEL, requeue, nsqd_tcp_addresses=nsqd.tcp_address, max_attempts=0
+    )
+    failing.start()
+    try:
+        wait_for(lambda: len(deliveries) >= 4, "four failed deliveries")
+    finally:
+        assert failing.stop(10.0)
+    client.pub(nsq_topic, b"good")
+    done = nsq_sync(
+        "drain", nsq_topic, CHANNEL, "--idle-timeout", "0.5", "--nsqd-tcp-address",
+        nsqd.tcp_address, "--dead-letter-topic", dead, "--max-attempts", "3",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # a message was given up: cron alerts
+    assert done.stdout == b"good\n"
+    left = settled_channel(client, nsq_topic, CHANNEL)
+    assert (left["depth"], left["in_flight_count"], left["deferred_count"]) == (0, 0, 0)
+    assert originals_in(nsqd, dead) == Counter([b"poison\x00"])
+    # --max-attempts alone would give messages up with nowhere to keep them: bad usage
+    for command in ("drain", "tail"):
+        args = [command, nsq_topic, *([CHANNEL] if command == "drain" else [])]
+        bad = nsq_sync(*args, "--max-attempts", "3", "--nsqd-tcp-address", nsqd.tcp_address)
+        assert bad.returncode == 2 and b"--dead-letter-topic" in bad.stderr

@@ -323,6 +323,21 @@ def check_batch_consumer(run: Run) -> None:
     drained(run, "orders", "db")
 
 
+def check_dead_letter(run: Run) -> None:
+    exited_ok(run)
+    assert lines_with("billed order ", run) == ["1", "3"], run.describe()
+    assert "dead-lettered: 1 (stats: 1 )" in run.stdout, run.describe()
+    assert (
+        "dead: orders billing 1 nsq_sync.errors.DeadLetter: not an order number b'oops'"
+        in run.stdout
+    ), run.describe()
+    assert "replayed: 1" in run.stdout, run.describe()
+    # the poison is back in its topic (waiting for the fixed consumer), gone from orders.dead
+    back = settled_channel(run.nsqd, "orders", "billing")
+    assert (back["depth"], back["in_flight_count"]) == (1, 0), run.describe()
+    drained(run, "orders.dead", "dead-letter")
+
+
 def check_pytest_plugin(run: Run) -> None:
     assert run.returncode == 0, run.describe()
     assert re.search(r"^1 passed", run.stdout, re.M), run.describe()
@@ -396,6 +411,10 @@ SNIPPETS: dict[str, Spec] = {
             cluster, "orders", [json.dumps({"id": i}).encode() for i in (1, 2, 3)]
         ),
         stop_when=lambda run: inserted(run) >= 3,
+    ),
+    "dead-letter": Spec(
+        check=check_dead_letter,
+        setup=lambda cluster: publish(cluster, "orders", [b"1", b"oops", b"3"]),
     ),
     "pytest-plugin": Spec(check=check_pytest_plugin, pytest=True),
 }

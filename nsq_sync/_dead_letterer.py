@@ -16,8 +16,8 @@ or the handler raised :class:`~nsq_sync.errors.DeadLetter`) it:
 3. answers True when nsqd acknowledged the publish (the pool then runs ``giving_up`` and
    finishes the message). Anything else -- nsqd down, refused, a timeout, an outcome unknown --
    requeues the message with the consumer's delay policy (at least :data:`RETRY_MIN` seconds)
-   and backoff, never finishes it, and logs an ERROR with the message id: nsqd delivers it again later, and it is given up (and
-   dead-lettered) again then.
+   and backoff, never finishes it, and logs an ERROR with the message id: nsqd delivers it
+   again later, and it is given up (and dead-lettered) again then.
 
 Why the message's own nsqd: its FIN goes there too, so a dead-letter publish succeeds only where
 the FIN can follow. Had it gone to another nsqd while this one is down, the FIN could not be

@@ -14,8 +14,7 @@ stop. Then:
   consumer's delay policy, and backoff counts one failure (backoff takes one result per window);
   a message on its last attempt (``max_attempts``) goes to the give-up handler instead, and
   every message it left unanswered does when it raised :class:`~nsq_sync.errors.DeadLetter`
-  (with ``dead_letter_topic``: to the dead-letter topic first, see
-  :meth:`WorkerPool.give_up <nsq_sync.dispatch.WorkerPool.give_up>`).
+  (with ``dead_letter_topic``: to the dead-letter topic first, see ``WorkerPool.give_up``).
 
 ``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
 batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
@@ -56,8 +55,10 @@ class BatchConsumer:
             (with backoff).
         batch_size: most messages in a batch.
         batch_timeout: seconds (float or timedelta) a batch stays open after its first message.
-        giving_up, dead_letter_topic, config, nsqd_tcp_addresses, lookupd_http_addresses,
-            runtime and any Config option: as for :class:`~nsq_sync.consumer.Consumer`. ``max_in_flight`` defaults to
+        giving_up, config, nsqd_tcp_addresses, lookupd_http_addresses, runtime and any Config
+            option, dead_letter_topic: as for :class:`~nsq_sync.consumer.Consumer`
+            (``handle_batch`` raising :class:`~nsq_sync.errors.DeadLetter` gives up every
+            message of the batch it did not answer). ``max_in_flight`` defaults to
             ``batch_size`` (or the config's value when larger).
 
     Raises:

@@ -4,9 +4,11 @@ A :class:`~nsq_sync.consumer.Consumer` made with ``dead_letter_topic="orders.dea
 message it gives up on (``max_attempts`` used, or the handler raised
 :class:`~nsq_sync.errors.DeadLetter`) to that topic, then finishes it. The dead-letter message's
 body is an *envelope*: one line of UTF-8 JSON with the metadata, ``\\n``, then the original body
-byte for byte (:mod:`nsq_sync._envelope` documents every key; format version 1). The topic keeps
-its messages in the durable channel ``dead-letter`` (made with the topic), which the functions
-here read:
+byte for byte (format version 1; the keys: ``topic``, ``channel``, ``id``, ``attempts``,
+``timestamp`` in ns, ``dead_lettered_at`` in s, ``error`` {``type``, ``message``} or null,
+``error_truncated`` when cut to fit, ``host``, ``pid``; ``nsq_sync._envelope`` has the
+details). The topic keeps its messages in the durable channel ``dead-letter`` (made with the
+topic), which the functions here read:
 
     from nsq_sync import dead_letter
     record = dead_letter.parse(body)            # .topic .channel .id .attempts .error_type ...

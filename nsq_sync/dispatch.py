@@ -11,7 +11,7 @@ worker calls ``handler(message)``:
 * it raises anything else → the error is logged with its traceback and the message is requeued
   with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
   failure for backoff — unless this was attempt ``max_attempts``, or the error is
-  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see :meth:`WorkerPool.give_up`).
+  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``).
 
 * it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
   ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker

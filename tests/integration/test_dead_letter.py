@@ -71,7 +71,7 @@ def dead_letter_channel(nsqd: NsqdProcess, topic: str) -> dict[str, Any]:
 
 
 def listed(nsqd: NsqdProcess, topic: str) -> list[dl.DeadLetterRecord]:
-    listing = dl.list_messages(topic, nsqd_tcp_addresses=nsqd.tcp_address, idle_timeout=1.0)
+    listing = dl.list_messages(topic, nsqd_tcp_addresses=nsqd.tcp_address, idle_timeout=0.5)
     assert listing.complete
     records = [entry.record for entry in listing.messages]
     assert None not in records
@@ -152,7 +152,7 @@ def test_dead_letter_from_a_handler_skips_the_retries_and_a_batch_handler_too(
         dead_letter_topic=dead,
         max_backoff_duration=0,
     )
-    summary = consumer.run(idle_timeout=1.0, timeout=60.0)
+    summary = consumer.run(idle_timeout=0.5, timeout=60.0)
     assert (summary.dead_lettered, summary.gave_up, summary.requeued) == (6, 6, 0)
     assert not summary.ok  # cron alerts: messages were given up
     records = listed(nsqd, dead)
@@ -180,7 +180,7 @@ def test_dead_letter_from_a_handler_skips_the_retries_and_a_batch_handler_too(
         dead_letter_topic=dead,
         max_backoff_duration=0,
     )
-    summary = batches.run(idle_timeout=1.0, timeout=60.0)
+    summary = batches.run(idle_timeout=0.5, timeout=60.0)
     assert summary.dead_lettered == 2 and batches.stats().dead_lettered == 2
     bodies = sorted(r.body for r in listed(nsqd, dead))
     assert bodies == sorted([b"b1", b"b2", *(f"m{i}".encode() for i in range(6))])

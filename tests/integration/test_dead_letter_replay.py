@@ -58,7 +58,7 @@ def bodies_of(nsqd: NsqdProcess, topic: str, channel: str) -> Counter[bytes]:
     consumer = Consumer(
         topic, channel, take, nsqd_tcp_addresses=nsqd.tcp_address, max_in_flight=500, max_attempts=0
     )
-    consumer.run(idle_timeout=1.0, timeout=60.0)
+    consumer.run(idle_timeout=0.5, timeout=60.0)
     return got
 
 
@@ -112,8 +112,8 @@ def test_replay_round_trip_where_to_and_max_messages(nsqd: NsqdProcess, nsq_topi
         dead_letter_topic=dead,
         max_attempts=1,
         max_backoff_duration=0,
-    ).run(idle_timeout=1.0, timeout=60.0)
-    servers = {"nsqd_tcp_addresses": nsqd.tcp_address, "idle_timeout": 1.0}
+    ).run(idle_timeout=0.5, timeout=60.0)
+    servers = {"nsqd_tcp_addresses": nsqd.tcp_address, "idle_timeout": 0.5}
 
     # only the ones whose error contains the text; the others stay, unread by nobody
     summary = dl.replay(dead, where="database down", **servers)
@@ -131,12 +131,15 @@ def test_replay_round_trip_where_to_and_max_messages(nsqd: NsqdProcess, nsq_topi
     assert (left["depth"], left["in_flight_count"], left["deferred_count"]) == (0, 0, 0)
 
 
+@pytest.mark.slow  # CPython 3.11 only, threads and gevent: subprocesses, many messages
 def test_cli_list_shows_every_message_and_puts_it_back(nsqd: NsqdProcess, nsq_topic: str) -> None:
     dead = dead_topic(nsq_topic)
     fill(nsqd, nsq_topic, dead, 3)
     client = NsqdHTTPClient(nsqd.http_url)
     client.pub(dead, b"not an envelope")
-    done = nsq_sync("dead-letter", "list", dead, "--nsqd-tcp-address", nsqd.tcp_address)
+    done = nsq_sync(
+        "dead-letter", "list", dead, "--idle-timeout", "0.5", "--nsqd-tcp-address", nsqd.tcp_address
+    )
     assert done.returncode == 0, done.stderr.decode()
     lines = done.stdout.decode().splitlines()
     assert lines[0].split() == ["ID", "AGE", "ATTEMPTS", "FROM", "ERROR", "PREVIEW"]
@@ -155,6 +158,7 @@ def test_cli_list_shows_every_message_and_puts_it_back(nsqd: NsqdProcess, nsq_to
     assert bad.returncode == 2 and b"no good" in bad.stderr
 
 
+@pytest.mark.slow  # CPython 3.11 only, threads and gevent: subprocesses, many messages
 def test_cli_replay_stopped_by_sigterm_loses_nothing(nsqd: NsqdProcess, nsq_topic: str) -> None:
     dead = dead_topic(nsq_topic)
     n, in_flight = 4000, 20
@@ -187,6 +191,7 @@ def test_cli_replay_stopped_by_sigterm_loses_nothing(nsqd: NsqdProcess, nsq_topi
     assert duplicates == 0  # a graceful stop finishes what it republished
 
 
+@pytest.mark.slow  # CPython 3.11 only, threads and gevent: subprocesses, many messages
 def test_replay_rides_out_an_nsqd_restart(nsqd_factory: Any, nsq_topic: str) -> None:
     nsqd = nsqd_factory()
     dead = dead_topic(nsq_topic)
@@ -226,6 +231,7 @@ def test_replay_rides_out_an_nsqd_restart(nsqd_factory: Any, nsq_topic: str) -> 
     assert summary.replayed >= sum(back.values()) - duplicates
 
 
+@pytest.mark.slow  # CPython 3.11 only, threads and gevent: subprocesses, many messages
 def test_cli_drain_moves_a_message_failed_too_often_to_the_dead_letter_topic(
     nsqd: NsqdProcess, nsq_topic: str
 ) -> None:

@@ -427,13 +427,3 @@ def test_nsq_consume_dead_letter_topic_keeps_what_cannot_ship(
     assert (record.topic, record.channel, record.attempts) == (nsq_topic, "shipping", 1)
     assert record.error_type == "nsq_sync.errors.DeadLetter"
     assert record.error_message is not None and record.error_message.startswith("not an order")
-
-
-def test_nsq_consume_bad_dead_letter_topic_exits_2(
-    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
-) -> None:
-    _, env = _migrated_db(tmp_path, nsqd)
-    options = ("--handler", "shop.handlers.ship", "--dead-letter-topic", "no good")
-    code, err = finish(_consume(env, nsq_topic, *options))
-    assert code == 2
-    assert "no good" in err

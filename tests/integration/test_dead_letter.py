@@ -279,15 +279,26 @@ def test_an_envelope_over_max_msg_size_cuts_the_error_or_waits_for_a_larger_limi
         assert f"(limit of {limit} bytes" in caplog.text or f"of {limit} bytes" in caplog.text
         # not lost: requeued (again and again, with backoff) while the limit stays
         assert consumer.stats().dead_lettered == 1
+        http = NsqdHTTPClient(nsqd.http_url)
+
+        def counts() -> tuple[int, int, int]:
+            stats = http.channel_stats(nsq_topic, CHANNEL) or {}
+            return (stats.get("depth"), stats.get("in_flight_count"), stats.get("deferred_count"))
+
+        # the smaller one's FIN has reached nsqd (else the restart could lose it, and nsqd would
+        # deliver it again: a duplicate envelope), the larger one waits for its next delivery
+        wait_for(lambda: counts() == (0, 0, 1), "only the larger one left, deferred")
         nsqd._extra_args = (f"--max-msg-size={4 * limit}",)  # the operator raises the limit
         nsqd.restart()
         wait_for(lambda: consumer.stats().dead_lettered == 2, "the larger one dead-lettered", 60.0)
+        wait_for(lambda: counts() == (0, 0, 0), "nothing left in the original channel")
     finally:
         consumer.stop()
     original = settled_channel(NsqdHTTPClient(nsqd.http_url), nsq_topic, CHANNEL)
     assert (original["depth"], original["in_flight_count"], original["deferred_count"]) == (0, 0, 0)
-    records = {r.body: r for r in listed(nsqd, dead)}
-    assert set(records) == {at_limit, long_error}
+    entries = listed(nsqd, dead)
+    records = {r.body: r for r in entries}
+    assert set(records) == {at_limit, long_error} and len(entries) == 2  # once each
     cut = records[long_error]
     assert cut.error_type == "RuntimeError"
     assert cut.error_message is not None and cut.error_message.endswith("[truncated]")

@@ -216,6 +216,8 @@ def test_replay_rides_out_an_nsqd_restart(nsqd_factory: Any, nsq_topic: str) -> 
         wait_for(
             lambda: client.channel_stats(nsq_topic, CHANNEL)["depth"] >= 300, "some replayed", 60
         )
+        left = client.channel_stats(dead, dl.CHANNEL)
+        assert left["depth"] > 0, "the replay ended before the restart"  # it is interrupted
         nsqd.restart()
     finally:
         replay.join(150.0)

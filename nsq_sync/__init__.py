@@ -15,7 +15,7 @@ from nsq_sync._version import __version__
 from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerStats
-from nsq_sync.errors import NSQError, RequeueMessage
+from nsq_sync.errors import DeadLetter, NSQError, RequeueMessage
 from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
 from nsq_sync.message import Message
@@ -27,6 +27,7 @@ __all__ = [
     "Config",
     "Consumer",
     "ConsumerStats",
+    "DeadLetter",
     "LookupdClient",
     "Message",
     "NSQError",

@@ -12,7 +12,9 @@ stop. Then:
   connection (the consumer's batched FIN path);
 * it raises → the error is logged and the messages it did not answer are requeued with the
   consumer's delay policy, and backoff counts one failure (backoff takes one result per window);
-  a message on its last attempt (``max_attempts``) goes to the give-up handler instead.
+  a message on its last attempt (``max_attempts``) goes to the give-up handler instead, and
+  every message it left unanswered does when it raised :class:`~nsq_sync.errors.DeadLetter`
+  (with ``dead_letter_topic``: to the dead-letter topic first, see ``WorkerPool.give_up``).
 
 ``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
 batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
@@ -29,7 +31,7 @@ from typing import Any
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
 from nsq_sync.dispatch import GiveUpHandler, ends_task
-from nsq_sync.errors import ConfigError
+from nsq_sync.errors import ConfigError, DeadLetter
 from nsq_sync.message import Message
 from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
 from nsq_sync.runtime import Runtime
@@ -54,7 +56,9 @@ class BatchConsumer:
         batch_size: most messages in a batch.
         batch_timeout: seconds (float or timedelta) a batch stays open after its first message.
         giving_up, config, nsqd_tcp_addresses, lookupd_http_addresses, runtime and any Config
-            option: as for :class:`~nsq_sync.consumer.Consumer`. ``max_in_flight`` defaults to
+            option, dead_letter_topic: as for :class:`~nsq_sync.consumer.Consumer`
+            (``handle_batch`` raising :class:`~nsq_sync.errors.DeadLetter` gives up every
+            message of the batch it did not answer). ``max_in_flight`` defaults to
             ``batch_size`` (or the config's value when larger).
 
     Raises:
@@ -324,7 +328,7 @@ class BatchConsumer:
                 return
             # anything else (an Exception, a gevent.Timeout, ...) fails this batch only
             try:
-                self._failed(batch)
+                self._failed(batch, exc)
             except BaseException as exc2:  # give_up lets out only what ends the task
                 self._ended(batch, exc2)
             return
@@ -333,9 +337,9 @@ class BatchConsumer:
         if to_finish:
             self._machinery.responder.finish_many(to_finish)
 
-    def _failed(self, batch: list[Message]) -> None:
+    def _failed(self, batch: list[Message], error: BaseException) -> None:
         """The batch handler failed: requeue what it left unanswered (give up on messages at
-        max_attempts), logged."""
+        max_attempts, and on all of them after DeadLetter), logged."""
         parts = self._machinery
         unanswered = [m for m in batch if not m.has_responded]
         self.log.exception(
@@ -345,9 +349,10 @@ class BatchConsumer:
         )
         max_attempts = self.config.max_attempts
         parts.connections.count("failed", len(batch))
+        poison = isinstance(error, DeadLetter)
         for message in unanswered:
-            if 0 < max_attempts <= message.attempts:
-                parts.pool.give_up(message)
+            if poison or 0 < max_attempts <= message.attempts:
+                parts.pool.give_up(message, error)
             else:
                 message.requeue()
 

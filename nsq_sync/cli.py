@@ -6,6 +6,10 @@
                                        [--format raw|json]
     nsq-sync stats                     [--topic T]
     nsq-sync lookup TOPIC
+    nsq-sync dead-letter list TOPIC    [--limit N] [--idle-timeout S]
+    nsq-sync dead-letter replay TOPIC  [--to T] [--max-messages N] [--where TEXT]
+
+tail and drain also take ``--dead-letter-topic T [--max-attempts N]`` (nsq_sync._cli_dead_letter).
 
 Common options, before or after the subcommand: ``--nsqd-tcp-address HOST:PORT`` and
 ``--lookupd-http-address URL`` (both repeatable), ``--nsqd-http-address URL`` (repeatable),
@@ -26,6 +30,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from nsq_sync._addresses import parse_address, parse_http_address
+from nsq_sync._cli_dead_letter import (
+    add_dead_letter_command,
+    add_dead_letter_flags,
+    dead_letter_options,
+)
 from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
 from nsq_sync._cli_servers import (
     Unreachable,
@@ -148,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on a topic with no channel yet, read the messages nsqd keeps for its first "
         "channel (by default tail refuses: its ephemeral channel would lose them)",
     )
+    add_dead_letter_flags(tail, _positive_int)
     tail.set_defaults(func=cmd_tail)
 
     drain = command("drain", "consume a channel until it is idle, then exit")
@@ -159,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--timeout", type=_positive_float, metavar="S", help="stop after S s")
     drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
     drain.add_argument("--format", choices=("raw", "json"), default="raw")
+    add_dead_letter_flags(drain, _positive_int)
     drain.set_defaults(func=cmd_drain)
 
     stats = command("stats", "topics and channels of nsqd(s) as a table")
@@ -168,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     lookup = command("lookup", "the nsqds that carry TOPIC, from nsqlookupd")
     lookup.add_argument("topic", metavar="TOPIC")
     lookup.set_defaults(func=cmd_lookup)
+
+    add_dead_letter_command(commands, _add_common, _positive_int, _positive_float)
     return parser
 
 
@@ -193,10 +206,17 @@ def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: A
         lookupd_http_addresses=args.lookupd_http_addresses,
         runtime="threads",
         # Writing a message out is its handling: never give one up (the default give-up
-        # finishes it unwritten), however often other consumers failed on it before.
-        max_attempts=0,
-        **options,
+        # finishes it unwritten), however often other consumers failed on it before; unless
+        # --dead-letter-topic keeps what is given up there.
+        **{"max_attempts": 0, **options, **_dead_letter(args)},
     )
+
+
+def _dead_letter(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return dead_letter_options(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- commands

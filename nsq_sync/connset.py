@@ -38,7 +38,7 @@ from nsq_sync.stats import ConnectionStats, ConsumerStats
 __all__ = ["COUNTERS", "ConnectionSet"]
 
 #: the counters of ConsumerStats, in its order
-COUNTERS = ("received", "finished", "requeued", "failed", "gave_up", "skipped")
+COUNTERS = ("received", "finished", "requeued", "failed", "gave_up", "skipped", "dead_lettered")
 
 #: error codes of a FIN/REQ nsqd rejected, and the counter that had counted it
 _REJECTED = {"E_FIN_FAILED": "finished", "E_REQ_FAILED": "requeued"}

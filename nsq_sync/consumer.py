@@ -22,6 +22,7 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address, parse_http_address
+from nsq_sync._dead_letterer import DeadLetterer, check_topic
 from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NsqdConnection
@@ -85,14 +86,16 @@ class Consumer:
             stopped listing it (as go-nsq; a restarted lookupd lists nothing for a while).
         concurrency: number of worker tasks running the handler.
         giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
+        dead_letter_topic: publish given-up messages there before finishing them (see
+            :mod:`nsq_sync.dead_letter`).
         config: a Config; keyword ``overrides`` (any Config option) apply on top.
         runtime: ``"auto"`` (gevent if gevent patched ``socket``; decided at :meth:`start`, so
             a consumer made before ``monkey.patch_all()`` runs on gevent when started after),
             ``"threads"`` or ``"gevent"``.
 
     Raises:
-        InvalidName: a bad topic or channel name.
-        ConfigError: no addresses, a malformed one, or an invalid option.
+        InvalidName: a bad topic, channel or dead-letter topic name.
+        ConfigError: no addresses, a malformed one, an invalid option (dead_letter_topic too).
 
     Thread-safety: every public method may be called from any thread.
     """
@@ -109,10 +112,12 @@ class Consumer:
         giving_up: GiveUpHandler | None = None,
         config: Config | None = None,
         runtime: Any = "auto",
+        dead_letter_topic: str | None = None,
         **overrides: Any,
     ) -> None:
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
+        self.dead_letter_topic = check_topic(dead_letter_topic, self.topic)
         if not callable(handler):
             raise ConfigError(f"handler must be callable, got {handler!r}")
         if giving_up is not None and not callable(giving_up):
@@ -188,6 +193,7 @@ class Consumer:
             finish_many=responder.finish_many,
             backstop=flusher,
             on_failed=lambda message: conns.count("failed"),
+            dead_letter=DeadLetterer.for_consumer(self, runtime, conns.count),
         )
         discovery = Discovery(
             topic=self.topic,

@@ -10,8 +10,8 @@ worker calls ``handler(message)``:
 * it raises :class:`~nsq_sync.errors.RequeueMessage` → REQ with the delay and backoff it chose;
 * it raises anything else → the error is logged with its traceback and the message is requeued
   with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
-  failure for backoff — unless this was attempt ``max_attempts``: then it goes to the give-up
-  handler and is finished.
+  failure for backoff — unless this was attempt ``max_attempts``, or the error is
+  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``).
 
 * it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
   ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
@@ -34,12 +34,13 @@ from __future__ import annotations
 import logging
 import operator
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from nsq_sync import _fork
-from nsq_sync.errors import ConfigError, RequeueMessage
+from nsq_sync.errors import ConfigError, DeadLetter, RequeueMessage
 from nsq_sync.message import Message
 from nsq_sync.runtime import Runtime, Task
 
@@ -64,6 +65,17 @@ class Backstop(Protocol):
 
     def watch(self) -> None:
         """Arm: make sure the held FINs are written within ``FIN_HOLD`` seconds."""
+
+
+class DeadLetterHook(Protocol):
+    """Publishes given-up messages to the dead-letter topic (nsq_sync._dead_letterer)."""
+
+    def __call__(self, message: Message, error: BaseException | None) -> bool:
+        """True when nsqd acknowledged the envelope; False when the message was requeued
+        instead (logged). Never raises an Exception."""
+
+    def close(self, timeout: float) -> None:
+        """Release its connections (the workers have stopped)."""
 
 
 def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -112,6 +124,7 @@ class WorkerPool:
         backstop: armed when a worker starts a handler while FINs are held; it must make
             sure :meth:`flush_held` runs within ``FIN_HOLD`` seconds (workers also call it
             whenever they run out of messages).
+        dead_letter: publishes a given-up message to the dead-letter topic (None: no topic).
     """
 
     def __init__(
@@ -130,6 +143,7 @@ class WorkerPool:
         backstop: Backstop | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         on_failed: Callable[[Message], None] | None = None,
+        dead_letter: DeadLetterHook | None = None,
     ) -> None:
         self.runtime = runtime
         self.handler = handler
@@ -144,6 +158,7 @@ class WorkerPool:
         self.backstop = backstop
         self.on_fatal = on_fatal
         self.on_failed = on_failed
+        self.dead_letter = dead_letter
         #: called before each message is handled (handler call or give-up); False: it is not,
         #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
         self.admit: Callable[[Message], bool] | None = None
@@ -199,13 +214,17 @@ class WorkerPool:
                 return drained
 
     def stop(self, timeout: float) -> bool:
-        """Ask the workers to exit after their current message; True if all did in time."""
+        """Ask the workers to exit after their current message; True if all did in time. Then
+        closes the dead-letter hook's connections."""
+        deadline = time.monotonic() + timeout
         for _ in self.tasks:
             self.queue.put(_STOP)
         alive = False
         for task in self.tasks:
             task.join(timeout)
             alive = alive or task.is_alive()
+        if self.dead_letter is not None:
+            self.dead_letter.close(max(0.1, deadline - time.monotonic()))
         return not alive
 
     def _work(self) -> None:
@@ -284,14 +303,17 @@ class WorkerPool:
             if message.has_responded:
                 self.log.exception("handler failed after answering message %r", message)
                 return False
-            if 0 < self.max_attempts <= message.attempts:
+            if isinstance(exc, DeadLetter):
+                self.log.warning("handler gave up on message %r: %s", message, exc)
+                self.give_up(message, exc)
+            elif 0 < self.max_attempts <= message.attempts:
                 self.log.exception(
                     "handler failed on message %r (attempt %d of %d)",
                     message,
                     message.attempts,
                     self.max_attempts,
                 )
-                self.give_up(message)
+                self.give_up(message, exc)
             else:
                 self.log.exception(
                     "handler failed on message %r (attempt %d); requeueing",
@@ -322,9 +344,19 @@ class WorkerPool:
         lock.release()
         return True
 
-    def give_up(self, message: Message) -> None:
+    def give_up(self, message: Message, error: BaseException | None = None) -> None:
         """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
-        handler raised: nothing is lost). BatchConsumer calls it for a failed batch."""
+        handler raised: nothing is lost). BatchConsumer calls it for a failed batch.
+
+        With a dead-letter topic, in this order: publish the envelope (``error``: the handler's
+        exception, None when it had none); then, only once nsqd acknowledged it, the give-up
+        handler; then FIN. A publish that fails requeues the message with backoff instead (no
+        give-up handler, no FIN). A give-up handler that raises after the publish is logged
+        and the message still finished: it is safe in the dead-letter topic, and a requeue
+        would dead-letter it twice."""
+        if self.dead_letter is not None:
+            self._dead_letter(message, error)
+            return
         try:
             if self.giving_up is not None:
                 self.giving_up(message)
@@ -342,3 +374,25 @@ class WorkerPool:
         self.on_gave_up(message)
         if not message.has_responded:
             message.finish()
+
+    def _dead_letter(self, message: Message, error: BaseException | None) -> None:
+        assert self.dead_letter is not None
+        if not self.dead_letter(message, error):
+            return  # requeued with backoff (logged): given up again at its next delivery
+        ending: BaseException | None = None
+        if self.giving_up is not None:
+            try:
+                self.giving_up(message)
+            except BaseException as exc:
+                self.log.exception(
+                    "giving_up handler failed for %r (it is in the dead-letter topic: "
+                    "finishing it)",
+                    message,
+                )
+                if ends_task(exc):
+                    ending = exc
+        self.on_gave_up(message)
+        if not message.has_responded:
+            message.finish()
+        if ending is not None:
+            raise ending

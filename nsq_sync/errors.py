@@ -36,10 +36,12 @@ __all__ = [
     "ConfigError",
     "ConnectTimeout",
     "ConnectionClosed",
+    "DeadLetter",
     "FrameTooLarge",
     "HTTPAPIError",
     "HandshakeError",
     "InvalidBody",
+    "InvalidEnvelope",
     "InvalidName",
     "LocalProtocolError",
     "LookupdError",
@@ -85,6 +87,10 @@ class NSQError(Exception):
 
 class ConfigError(NSQError, ValueError):
     """An option has an invalid value or type; the message names the option."""
+
+
+class InvalidEnvelope(NSQError, ValueError):
+    """A body that is not a dead-letter envelope (see :func:`nsq_sync.dead_letter.parse`)."""
 
 
 class InvalidName(NSQError, ValueError):
@@ -393,3 +399,18 @@ class RequeueMessage(NSQError):
         super().__init__(delay, backoff)
         self.delay = delay
         self.backoff = backoff
+
+
+class DeadLetter(NSQError):
+    """Raise from a handler (or a batch handler) to give the message up now: "poison, do not
+    retry". With a ``dead_letter_topic`` the message goes there at once (the reason, ``str()``
+    of this exception, in the envelope's error); without one it goes to the give-up handler and
+    is finished, as after ``max_attempts``.
+
+    Args:
+        reason: why the message is poison (kept in the dead-letter envelope, bounded in size).
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -61,10 +61,13 @@ class RunSummary:
             messages handed back at the end.
         failed: handler calls that raised (:class:`~nsq_sync.errors.RequeueMessage` aside; a
             BatchConsumer counts every message of a batch whose handler raised).
-        gave_up: messages handed to the give-up handler (``max_attempts`` used up).
+        gave_up: messages handed to the give-up handler (``max_attempts`` used up, or
+            :class:`~nsq_sync.errors.DeadLetter` raised).
         elapsed: seconds the run took, the graceful stop included.
         reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
             ``"max_messages"``.
+        dead_lettered: messages given up and published to the dead-letter topic (also in
+            ``gave_up``).
     """
 
     handled: int
@@ -74,6 +77,7 @@ class RunSummary:
     gave_up: int
     elapsed: float
     reason: str
+    dead_lettered: int = 0
 
     @property
     def ok(self) -> bool:
@@ -243,6 +247,7 @@ def run_to_end(
         gave_up=after.gave_up - before.gave_up,
         elapsed=time.monotonic() - began,
         reason=reason,
+        dead_lettered=after.dead_lettered - before.dead_lettered,
     )
     consumer.log.info("run ended (%s): %s", reason, summary)
     return summary

@@ -29,6 +29,8 @@ class ConsumerStats:
     failed: int = 0  # handler calls that raised (RequeueMessage aside)
     gave_up: int = 0
     skipped: int = 0
+    #: given up and published to the dead-letter topic (also counted in gave_up)
+    dead_lettered: int = 0
     backoff_level: int = 0
     in_backoff: bool = False
     is_starved: bool = False

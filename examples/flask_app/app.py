@@ -18,7 +18,7 @@ import os
 from flask import Flask, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from nsq_sync import Message
+from nsq_sync import DeadLetter, Message
 from nsq_sync.contrib.flask import NSQ
 
 app = Flask(__name__)
@@ -48,9 +48,12 @@ def runtime() -> ResponseReturnValue:
 
 def archive(message: Message) -> None:
     """The worker's handler (``--handler app:archive``): runs inside an application context,
-    so it can read current_app.config. Returning finishes the message; raising requeues it."""
+    so it can read current_app.config. Returning finishes the message; raising requeues it;
+    raising DeadLetter gives it up at once (to ``--dead-letter-topic``, if given)."""
     if message.body == b"fail":
         raise ValueError("refusing to archive 'fail'")
+    if message.body.startswith(b"poison"):
+        raise DeadLetter("poison: never archived")
     with open(current_app.config["ARCHIVE_FILE"], "ab") as archive_file:
         archive_file.write(message.body + b"\n")
 

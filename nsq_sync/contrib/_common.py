@@ -193,12 +193,13 @@ def make_consumer(
     max_in_flight: int | None = None,
     batch_size: int | None = None,
     batch_timeout: float | None = None,
+    dead_letter_topic: str | None = None,
 ) -> Consumer | BatchConsumer:
     """A Consumer on the settings' addresses; with ``batch_size``, a BatchConsumer whose
     ``handler`` receives lists of up to ``batch_size`` messages (``batch_timeout`` seconds
     after the first, default 1). ``max_in_flight`` defaults to the settings' value, raised to
     ``concurrency`` (or ``batch_size``) so that every worker (or a whole batch) can have a
-    message.
+    message. ``dead_letter_topic``: see :class:`~nsq_sync.consumer.Consumer`.
 
     Raises:
         InvalidName, ConfigError: a bad name, no address, a bad option, ``batch_timeout``
@@ -228,6 +229,7 @@ def make_consumer(
         nsqd_tcp_addresses=list(settings.nsqd_tcp_addresses),
         lookupd_http_addresses=list(settings.lookupd_http_addresses),
         config=settings.config,
+        dead_letter_topic=dead_letter_topic,
         **options,
     )
 
@@ -242,11 +244,12 @@ def run_to_exit_status(
     summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)
     log.log(
         logging.INFO if summary.ok else logging.WARNING,
-        "consumer stopped (%s): %d handled, %d failed, %d gave up",
+        "consumer stopped (%s): %d handled, %d failed, %d gave up (%d dead-lettered)",
         summary.reason,
         summary.handled,
         summary.failed,
         summary.gave_up,
+        summary.dead_lettered,
     )
     return summary.exit_status
 

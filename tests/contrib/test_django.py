@@ -29,7 +29,7 @@ from support.web import (
     start_command,
 )
 
-from nsq_sync import Producer
+from nsq_sync import Producer, dead_letter
 from nsq_sync.errors import InvalidBody, InvalidName
 from nsq_sync.testing.process import NsqdProcess
 
@@ -430,3 +430,37 @@ def test_nsq_consume_batch_timeout_needs_batch_size(
     )
     assert code == 2
     assert "--batch-timeout needs --batch-size" in err
+
+
+def test_nsq_consume_dead_letter_topic_keeps_what_cannot_ship(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    db, env = _migrated_db(tmp_path, nsqd)
+    dead = f"{nsq_topic[-40:]}.dead"
+    not_json = b"\xff{not an order"
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(
+            nsq_topic, [json.dumps({"order_id": 1, "item": "x"}).encode(), not_json]
+        )
+    code, err = finish(
+        _consume(
+            env,
+            nsq_topic,
+            "--handler",
+            "shop.handlers.ship",
+            "--dead-letter-topic",
+            dead,
+            "--idle-timeout",
+            "1",
+        )
+    )
+    assert code == 1, err  # a message was given up: cron alerts
+    assert "1 dead-lettered" in err
+    assert _shipments(db) == [(1, "x")]
+    assert_left_clean(_channel(nsqd, nsq_topic))
+    listing = dead_letter.list_messages(dead, nsqd_tcp_addresses=nsqd.tcp_address, idle_timeout=1.0)
+    [record] = [entry.record for entry in listing.messages]
+    assert record is not None and record.body == not_json
+    assert (record.topic, record.channel, record.attempts) == (nsq_topic, "shipping", 1)
+    assert record.error_type == "nsq_sync.errors.DeadLetter"
+    assert record.error_message is not None and record.error_message.startswith("not an order")

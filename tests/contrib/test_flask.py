@@ -23,7 +23,7 @@ from support.web import (
     start_command,
 )
 
-from nsq_sync import Producer
+from nsq_sync import Producer, dead_letter
 from nsq_sync.contrib.flask import NSQ
 from nsq_sync.errors import ConfigError
 from nsq_sync.testing.process import NsqdProcess
@@ -264,3 +264,28 @@ def test_flask_consume_batch_size_with_concurrency_is_a_usage_error(
     )
     assert code == 2
     assert "no --concurrency" in err
+
+
+def test_flask_consume_dead_letter_topic_keeps_the_poison(
+    tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str
+) -> None:
+    archive = tmp_path / "archive.log"
+    dead = f"{nsq_topic[-40:]}.dead"
+    poison = b"poison \x00\xff\n"
+    with Producer(nsqd.tcp_address) as producer:
+        producer.multi_publish(nsq_topic, [b"ok", poison])
+    env = _example_env(nsqd, archive, nsq_topic)
+    options = ("--handler", "app:archive", "--dead-letter-topic", dead, "--idle-timeout", "1")
+    code, err = finish(_flask_consume(env, nsq_topic, *options))
+    assert code == 1, err  # a message was given up
+    assert _archived(archive) == [b"ok"]
+    channel = _channel(nsqd, nsq_topic)
+    assert (channel["depth"], channel["in_flight_count"], channel["deferred_count"]) == (0, 0, 0)
+    listing = dead_letter.list_messages(dead, nsqd_tcp_addresses=nsqd.tcp_address, idle_timeout=1.0)
+    [record] = [entry.record for entry in listing.messages]
+    assert record is not None and record.body == poison
+    assert (record.topic, record.channel) == (nsq_topic, "archive")
+    assert (record.error_type, record.error_message) == (
+        "nsq_sync.errors.DeadLetter",
+        "poison: never archived",
+    )

@@ -362,6 +362,21 @@ def check_batch_consumer(run: Run) -> None:
     drained(run, "rows", "db")
 
 
+def check_dead_letter(run: Run) -> None:
+    exited_ok(run)
+    assert lines_with("billed order ", run) == ["1", "3"], run.describe()
+    assert "dead-lettered: 1 (stats: 1 )" in run.stdout, run.describe()
+    assert (
+        "dead: payments billing 1 nsq_sync.errors.DeadLetter: not an order number b'oops'"
+        in run.stdout
+    ), run.describe()
+    assert "replayed: 1" in run.stdout, run.describe()
+    # the poison is back in its topic (waiting for the fixed consumer), gone from orders.dead
+    back = settled_channel(run.nsqd, "payments", "billing")
+    assert (back["depth"], back["in_flight_count"]) == (1, 0), run.describe()
+    drained(run, "payments.dead", "dead-letter")
+
+
 def check_pytest_plugin(run: Run) -> None:
     assert run.returncode == 0, run.describe()
     assert re.search(r"^1 passed", run.stdout, re.M), run.describe()
@@ -430,6 +445,7 @@ SNIPPETS: dict[str, Spec] = {
     ),
     "cron-run": Spec(check=check_cron_run),
     "batch-consumer": Spec(check=check_batch_consumer, stop_when=lambda run: inserted(run) >= 3),
+    "dead-letter": Spec(check=check_dead_letter),
     "pytest-plugin": Spec(check=check_pytest_plugin, pytest=True),
 }
 

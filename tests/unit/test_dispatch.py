@@ -19,7 +19,7 @@ import pytest
 from support.nsq import wait_for
 
 from nsq_sync.dispatch import FIN_BATCH, WorkerPool
-from nsq_sync.errors import RequeueMessage
+from nsq_sync.errors import DeadLetter, RequeueMessage
 from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.runtime import resolve_runtime
@@ -47,6 +47,25 @@ class RecordingResponder:
             self.calls.append(("touch", message.id))
 
 
+class DeadLetterHookStub:
+    """Stands in for the dead-letter publisher: records ("dead_letter", id) and what
+    ``publish(message, error)`` answers (True: acknowledged)."""
+
+    def __init__(self, harness: Harness, publish: Any) -> None:
+        self.harness = harness
+        self.publish = publish
+        self.errors: list[BaseException | None] = []
+        self.closed = False
+
+    def __call__(self, message: Message, error: BaseException | None) -> bool:
+        self.harness.events.append(("dead_letter", message.id))
+        self.errors.append(error)
+        return bool(self.publish(message, error))
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+
+
 class Harness:
     batched = False  # set for each test by the fin_mode fixture
 
@@ -58,6 +77,7 @@ class Harness:
         giving_up: Callable[[Message], Any] | None = None,
         concurrency: int = 1,
         stale: bool = False,
+        dead_letter: Callable[[Message, BaseException | None], bool] | None = None,
     ) -> None:
         self.responder = RecordingResponder()
         self.events: list[tuple[str, bytes]] = []  # handler / giving_up / skip / gave_up, in order
@@ -78,6 +98,7 @@ class Harness:
             on_gave_up=lambda message: self.events.append(("gave_up", message.id)),
             finish_many=self._finish_many if self.batched else None,
             backstop=self.flusher if self.batched else None,
+            dead_letter=None if dead_letter is None else DeadLetterHookStub(self, dead_letter),
         )
         self._n = 0
 
@@ -464,3 +485,77 @@ def test_on_failed_counts_handler_exceptions_but_not_requeue_message() -> None:
     boom_msg, req_msg, ok_msg = h.message(body=b"boom"), h.message(body=b"req"), h.message()
     h.run(boom_msg, req_msg, ok_msg)
     assert failed == [boom_msg.id]
+
+
+# ------------------------------------------------------------------------- dead-letter topic
+
+
+def published(message: Message, error: BaseException | None) -> bool:
+    return True
+
+
+def refused(message: Message, error: BaseException | None) -> bool:
+    message.requeue(1.0)  # as the publisher does when nsqd did not acknowledge
+    return False
+
+
+def test_dead_letter_then_giving_up_then_finish() -> None:
+    order: list[str] = []
+
+    def giving_up(message: Message) -> None:
+        order.append(f"giving_up after {len(h.responder.calls)} answers")
+
+    h = Harness(boom, max_attempts=2, giving_up=giving_up, dead_letter=published)
+    m = h.message(attempts=2)
+    assert h.run(m) == [("finish", m.id)]
+    assert [e for e, _ in h.events] == ["handler", "dead_letter", "giving_up", "gave_up"]
+    assert order == ["giving_up after 0 answers"]
+    hook = h.pool.dead_letter
+    assert isinstance(hook, DeadLetterHookStub)
+    [error] = hook.errors
+    assert isinstance(error, ValueError)  # the handler's exception goes into the envelope
+    assert hook.closed  # the pool's stop closes it
+
+
+def test_a_dead_letter_publish_not_acknowledged_neither_gives_up_nor_finishes() -> None:
+    h = Harness(boom, max_attempts=1, giving_up=ok, dead_letter=refused)
+    m = h.message(attempts=1)
+    assert h.run(m) == [("requeue", m.id, 1.0, True)]
+    assert [e for e, _ in h.events] == ["handler", "dead_letter"]
+
+
+def test_delivered_past_max_attempts_is_dead_lettered_without_an_error() -> None:
+    h = Harness(ok, max_attempts=2, dead_letter=published)
+    m = h.message(attempts=3)
+    assert h.run(m) == [("finish", m.id)]
+    assert [e for e, _ in h.events] == ["dead_letter", "gave_up"]
+    hook = h.pool.dead_letter
+    assert isinstance(hook, DeadLetterHookStub) and hook.errors == [None]
+
+
+def poison(message: Message) -> None:
+    raise DeadLetter("cannot parse")
+
+
+@pytest.mark.parametrize("max_attempts", [0, 5])
+def test_dead_letter_raised_gives_up_on_the_first_attempt(max_attempts: int) -> None:
+    h = Harness(poison, max_attempts=max_attempts, giving_up=ok, dead_letter=published)
+    m = h.message(attempts=1)
+    assert h.run(m) == [("finish", m.id)]
+    assert [e for e, _ in h.events] == ["handler", "dead_letter", "giving_up", "gave_up"]
+
+
+def test_dead_letter_raised_without_a_topic_goes_to_giving_up() -> None:
+    h = Harness(poison, max_attempts=0, giving_up=ok)
+    m = h.message(attempts=1)
+    assert h.run(m) == [("finish", m.id)]
+    assert [e for e, _ in h.events] == ["handler", "giving_up", "gave_up"]
+
+
+def test_giving_up_that_raises_after_the_dead_letter_publish_still_finishes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = Harness(boom, max_attempts=1, giving_up=boom, dead_letter=published)
+    m = h.message(attempts=1)
+    assert h.run(m) == [("finish", m.id)]  # a requeue would dead-letter it twice
+    assert "in the dead-letter topic: finishing it" in caplog.text

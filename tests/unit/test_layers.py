@@ -24,18 +24,24 @@ PRODUCER_PARTS = {"_slots"}
 #: layer and the ones before it
 LAYERS: list[tuple[str, set[str]]] = [
     ("sans-IO", {"protocol", "errors", "_version"}),
-    ("foundations", {"config", "durations", "_addresses", "_fork", "runtime", "_tls"}),
+    (
+        "foundations",
+        {"config", "durations", "_addresses", "_fork", "runtime", "_tls", "_envelope"},
+    ),
     ("policy", {"rdy", "rdy_budget", "backoff"}),
     (
         "I/O",
         {"transport", "handshake", "connection", "_requests", "_http_base", "http", "lookupd"},
     ),
     ("parts", CONSUMER_PARTS | PRODUCER_PARTS),
-    ("facades", {"consumer", "batch", "running", "producer"}),
+    # _dead_letterer: the consumer's one use of a Producer (the dead-letter topic), by composition
+    ("facades", {"consumer", "batch", "running", "producer", "_dead_letterer"}),
     (
         "integrations and tools",
         {
             "cli",
+            "dead_letter",
+            "_cli_dead_letter",
             "_cli_output",
             "_cli_servers",
             "_progress",

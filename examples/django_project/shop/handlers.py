@@ -1,5 +1,7 @@
 """The consumer side: ``manage.py nsq_consume shop_orders shipping --handler shop.handlers.ship``, or
-``--handler shop.handlers.ship_batch --batch-size 100`` to write many orders at once."""
+``--handler shop.handlers.ship_batch --batch-size 100`` to write many orders at once. Add
+``--dead-letter-topic shop_orders.dead`` to keep what cannot be shipped (``nsq-sync dead-letter
+list shop_orders.dead``, then ``replay`` once fixed)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import logging
 
 from django.db import transaction
 
-from nsq_sync import Message
+from nsq_sync import DeadLetter, Message
 
 from .models import Shipment
 
@@ -18,9 +20,14 @@ log = logging.getLogger(__name__)
 def ship(message: Message) -> None:
     """Record a Shipment for an order message (returning finishes it; raising requeues it).
 
-    Idempotent: a redelivered message (same id) is recorded once.
+    Idempotent: a redelivered message (same id) is recorded once. A body that is not JSON will
+    never ship, however often it is retried: DeadLetter gives it up at once (to the dead-letter
+    topic with ``--dead-letter-topic``).
     """
-    data = json.loads(message.body)
+    try:
+        data = json.loads(message.body)
+    except ValueError as exc:
+        raise DeadLetter(f"not an order: {exc}") from exc
     if data.get("fail"):
         raise ValueError(f"order {data.get('order_id')} cannot be shipped")
     Shipment.objects.get_or_create(

@@ -189,6 +189,12 @@ nsq_cli = AppGroup("nsq", help="NSQ commands (nsq_sync).")
     help="More logs: -v info, -vv debug (default: warnings and errors, such as a handler's "
     "failure with its traceback). Only when the app routes no nsq_sync logs itself.",
 )
+@click.option(
+    "--dead-letter-topic",
+    default=None,
+    help="Publish messages given up (NSQ_MAX_ATTEMPTS used, or nsq_sync.DeadLetter raised) to "
+    "this topic before finishing them.",
+)
 def consume(
     topic: str,
     channel: str,
@@ -200,6 +206,7 @@ def consume(
     batch_size: int | None,
     batch_timeout: float | None,
     verbose: int,
+    dead_letter_topic: str | None = None,
 ) -> None:
     """Consume TOPIC/CHANNEL with a handler until SIGTERM (exit 0); exit 1 when handlers failed
     in a run ended by --idle-timeout or --max-messages. With --batch-size the handler receives a
@@ -225,6 +232,7 @@ def consume(
             max_in_flight=max_in_flight,
             batch_size=batch_size,
             batch_timeout=batch_timeout,
+            dead_letter_topic=dead_letter_topic,
         )
     except (NSQError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc

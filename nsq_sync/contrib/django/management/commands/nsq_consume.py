@@ -109,6 +109,12 @@ class Command(BaseCommand):
             default=None,
             help="seconds a batch waits for more messages after its first (default 1)",
         )
+        parser.add_argument(
+            "--dead-letter-topic",
+            default=None,
+            help="publish messages given up (NSQ['max_attempts'] used, or nsq_sync.DeadLetter "
+            "raised) to this topic before finishing them",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = with_fresh_connections(load_handler(options["handler"]))
@@ -125,6 +131,7 @@ class Command(BaseCommand):
                 max_in_flight=options["max_in_flight"],
                 batch_size=options["batch_size"],
                 batch_timeout=options["batch_timeout"],
+                dead_letter_topic=options["dead_letter_topic"],
             )
         except (NSQError, ValueError) as exc:
             raise CommandError(str(exc), returncode=2) from exc

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 
+from nsq_sync.backoff import reconnect_delay
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
@@ -32,7 +33,7 @@ from nsq_sync.runtime import Runtime
 log = logging.getLogger("nsq_sync.producer")
 
 
-class Backoff(Exception):
+class SlotBackingOff(Exception):
     """The slot is backing off (another thread's attempt just failed): try another address."""
 
 
@@ -78,7 +79,7 @@ class Slot:
             closed: tells whether the producer was closed (then nothing is opened).
 
         Raises:
-            Backoff: the address is backing off after a failure.
+            SlotBackingOff: the address is backing off after a failure.
             Stopped: the producer was closed.
             ConnectTimeout: another thread's attempt did not end in time.
             NSQConnectionError, ProtocolError, ServerError: connecting failed (counted once).
@@ -97,7 +98,7 @@ class Slot:
             if closed():
                 raise Stopped("producer is closed")
             if self.retry_at > time.monotonic():
-                raise Backoff()
+                raise SlotBackingOff()
             conn = NsqdConnection(
                 self.address, self._config, runtime=self._runtime, heartbeats=False
             )
@@ -147,9 +148,9 @@ class Slot:
         self.last_error = error
         self.failures += 1
         if delay is None:
-            # exponential backoff with jitter, capped; the first retry comes quickly
-            cap = self._config.reconnect_backoff_max
-            delay = min(cap, 0.05 * (2 ** min(self.failures - 1, 16)))
-            delay *= 0.5 + self._rng.random() / 2
+            # the first retry comes quickly (50 ms): a publish is waiting
+            delay = reconnect_delay(
+                self.failures, 0.05, self._config.reconnect_backoff_max, self._rng
+            )
         self.retry_at = time.monotonic() + delay
         log.warning("nsqd %s failed (%s); retrying it in %.2f s", self.address, error, delay)

@@ -2,7 +2,8 @@
 
 ``compute(level)`` returns the seconds to wait at a backoff level >= 1: ``multiplier * 2**level``
 capped at ``max_duration`` (exponential), or a uniform draw below that (full jitter, which
-spreads many consumers' retries apart).
+spreads many consumers' retries apart). :func:`reconnect_delay` is the wait before dialling an
+nsqd again, for the consumer's discovery and the producer's slots alike.
 """
 
 from __future__ import annotations
@@ -49,3 +50,11 @@ def make_backoff(
     if strategy == "full_jitter":
         return FullJitterBackoff(multiplier, max_duration, rng or random.Random())
     return ExponentialBackoff(multiplier, max_duration)
+
+
+def reconnect_delay(failures: int, first: float, cap: float, rng: random.Random) -> float:
+    """Seconds before dialling an nsqd again after ``failures`` (>= 1) failed attempts in a row:
+    ``first * 2**(failures - 1)``, at most ``cap``, times a uniform draw in [0.5, 1] ("equal
+    jitter": never less than half, so a retry is not immediate; spread, so that clients that lost
+    the same nsqd do not all come back at once)."""
+    return float(min(cap, first * 2 ** min(failures - 1, 16))) * (0.5 + rng.random() / 2)

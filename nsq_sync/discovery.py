@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nsq_sync.backoff import reconnect_delay
 from nsq_sync.lookupd import LookupdClient
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,9 @@ class Discovery:
     def _schedule_retry(self, address: str) -> None:
         n = self.failures.get(address, 0) + 1
         self.failures[address] = n
-        delay = min(self.reconnect_max, 0.1 * 2 ** min(n - 1, 16)) * (0.5 + self.rng.random() / 2)
-        self.retry_at[address] = self.clock() + delay
+        self.retry_at[address] = self.clock() + reconnect_delay(
+            n, 0.1, self.reconnect_max, self.rng
+        )
 
     def _jittered_interval(self) -> float:
         return self.poll_interval * (1.0 + self.poll_jitter * (2.0 * self.rng.random() - 1.0))

@@ -48,7 +48,7 @@ from typing import Any
 
 from nsq_sync import _fork
 from nsq_sync._addresses import parse_address
-from nsq_sync._slots import Backoff, Slot
+from nsq_sync._slots import Slot, SlotBackingOff
 from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.durations import Duration, to_seconds
@@ -409,7 +409,7 @@ class Producer:
         """One attempt on ``slot`` raised ``error``: raise what the caller must see, or learn
         from it (``attempts``) and return, and the failover loop goes on. ``sent``: the
         command may have been written (connecting did not fail)."""
-        if isinstance(error, Backoff):
+        if isinstance(error, SlotBackingOff):
             return
         if isinstance(error, NotSent):
             # Closed by another thread after we took it: nothing was written. Try this

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff, make_backoff
+from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff, make_backoff, reconnect_delay
 
 
 @pytest.mark.parametrize(
@@ -93,3 +93,14 @@ def test_make_backoff_by_name() -> None:
     assert isinstance(jitter, FullJitterBackoff)
     assert jitter.rng is rng
     assert jitter.max_level() == exponential.max_level()
+
+
+def test_reconnect_delay_doubles_from_first_up_to_the_cap_with_equal_jitter() -> None:
+    """The wait before dialling an nsqd again (discovery and the producer's slots): between half
+    and all of ``first * 2**(failures - 1)``, never above ``cap``."""
+    rng = random.Random(7)
+    for failures in range(1, 40):
+        full = min(30.0, 0.1 * 2 ** (failures - 1))
+        delays = [reconnect_delay(failures, 0.1, 30.0, rng) for _ in range(200)]
+        assert all(full / 2 <= d <= full for d in delays), failures
+        assert max(delays) - min(delays) > full / 4  # spread, not one value

@@ -6,13 +6,13 @@ import os
 import pickle
 import socket
 import struct
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
+from support.nsq import wait_for
 
 from nsq_sync.errors import HTTPAPIError, Stopped
 from nsq_sync.http import NsqdHTTPClient
@@ -42,15 +42,6 @@ def _free_closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
-
-
-def _wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _topic(client: NsqdHTTPClient, topic: str) -> dict[str, Any]:
@@ -158,7 +149,7 @@ def test_pub_reaches_the_channel(client: NsqdHTTPClient, nsq_topic: str, channel
     client.pub(nsq_topic, bytearray(b"y"))
     client.pub(nsq_topic, memoryview(b"z"))
     # handed on to the channel (by nsqd's topic pump, after each publish has answered)
-    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
+    wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
     assert client.depth(nsq_topic) == 0
 
 
@@ -171,7 +162,7 @@ def test_dpub_is_deferred(client: NsqdHTTPClient, nsq_topic: str, channel_of: st
         stats = client.channel_stats(nsq_topic, channel_of)
         return None if stats is None else (stats["deferred_count"], stats["depth"])
 
-    _wait_for(lambda: counts() == (2, 1), "2 deferred and 1 ready message in the channel")
+    wait_for(lambda: counts() == (2, 1), "2 deferred and 1 ready message in the channel")
 
 
 def test_mpub_binary(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
@@ -181,7 +172,7 @@ def test_mpub_binary(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) ->
     assert stats is not None
     assert stats["message_count"] == 4
     assert stats["message_bytes"] == 3 + 100 + 3 + 1
-    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
+    wait_for(lambda: client.depth(nsq_topic, channel_of) == 4, "messages to reach the channel")
 
 
 def test_mpub_text(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> None:
@@ -191,7 +182,7 @@ def test_mpub_text(client: NsqdHTTPClient, nsq_topic: str, channel_of: str) -> N
     assert stats is not None
     assert stats["message_count"] == 3
     assert stats["message_bytes"] == 3 + 3 + 5
-    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 3, "messages to reach the channel")
+    wait_for(lambda: client.depth(nsq_topic, channel_of) == 3, "messages to reach the channel")
 
 
 # ------------------------------------------------------------------------------ admin
@@ -228,7 +219,7 @@ def test_paused_topic_keeps_messages_from_channels(
     assert client.depth(nsq_topic, channel_of) == 0
     client.unpause_topic(nsq_topic)
     # The topic hands the messages on asynchronously once unpaused.
-    _wait_for(lambda: client.depth(nsq_topic, channel_of) == 2, "messages to reach the channel")
+    wait_for(lambda: client.depth(nsq_topic, channel_of) == 2, "messages to reach the channel")
     assert client.depth(nsq_topic) == 0
 
 
@@ -244,12 +235,12 @@ def test_channel_round_trip(client: NsqdHTTPClient, nsq_topic: str) -> None:
     assert _channel(client, nsq_topic, "ch")["paused"] is True
     client.pub(nsq_topic, b"queued while paused")
     # (nsqd's topic pump copies a message to the channels after the publish has answered)
-    _wait_for(lambda: client.depth(nsq_topic, "ch") == 1, "the message to reach the channel")
+    wait_for(lambda: client.depth(nsq_topic, "ch") == 1, "the message to reach the channel")
     client.unpause_channel(nsq_topic, "ch")
     assert _channel(client, nsq_topic, "ch")["paused"] is False
 
     client.dpub(nsq_topic, b"deferred", 60.0)
-    _wait_for(
+    wait_for(
         lambda: _channel(client, nsq_topic, "ch")["deferred_count"] == 1,
         "the deferred message to reach the channel",
     )

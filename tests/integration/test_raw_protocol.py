@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import requests
+from support.nsq import wait_for
 
 from nsq_sync.errors import (
     RemoteProtocolError,
@@ -155,21 +156,6 @@ def _channel_stats(http_url: str, topic: str, channel: str) -> dict[str, Any] | 
     return None
 
 
-def _wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        # short, growing waits between polls; the deadline bounds the loop
-        time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-        delay = min(delay * 2, 0.2)
-
-
 def _subscribe(connect: Connect, topic: str, channel: str, rdy: int) -> RawConnection:
     conn = connect()
     assert conn.handshake(feature_negotiation=True) is not None
@@ -287,7 +273,7 @@ def test_dpub_is_deferred_on_the_channel(nsqd: Any, connect: Connect, nsq_topic:
         channel = _channel_stats(nsqd.http_url, nsq_topic, "deferred")
         return channel is not None and channel["deferred_count"] == 1
 
-    _wait_for(deferred, "deferred_count 1 on the channel")
+    wait_for(deferred, "deferred_count 1 on the channel")
     channel = _channel_stats(nsqd.http_url, nsq_topic, "deferred")
     assert channel is not None
     assert channel["depth"] == 0  # not deliverable yet
@@ -332,7 +318,7 @@ def test_rdy_zero_holds_messages_until_raised(nsqd: Any, connect: Connect, nsq_t
         channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
         return channel is not None and channel["depth"] == 1
 
-    _wait_for(queued, "the message to reach the channel")
+    wait_for(queued, "the message to reach the channel")
     channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
     assert channel is not None
     assert channel["in_flight_count"] == 0  # RDY 0: nothing sent
@@ -353,7 +339,7 @@ def test_fin(nsqd: Any, connect: Connect, nsq_topic: str) -> None:
         channel = _channel_stats(nsqd.http_url, nsq_topic, "ch")
         return channel is not None and channel["in_flight_count"] == 0 and channel["depth"] == 0
 
-    _wait_for(finished, "the message to leave in-flight")
+    wait_for(finished, "the message to leave in-flight")
 
 
 def test_second_fin_fails_without_closing(connect: Connect, nsq_topic: str) -> None:

@@ -24,7 +24,7 @@ PRODUCER_PARTS = {"_slots"}
 #: layer and the ones before it
 LAYERS: list[tuple[str, set[str]]] = [
     ("sans-IO", {"protocol", "errors", "_version"}),
-    ("foundations", {"config", "durations", "_addresses", "_fork", "runtime", "_tls"}),
+    ("foundations", {"config", "durations", "_addresses", "_fork", "runtime", "_tls", "_observe"}),
     ("policy", {"rdy", "rdy_budget", "backoff"}),
     (
         "I/O",
@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "__main__",
             "__init__",
             "contrib",
+            "metrics",
             "spark",
             "testing",
         },

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from nsq_sync._addresses import parse_address, parse_http_address
+from nsq_sync._cli_metrics import add_metrics_options, serve_metrics
 from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
 from nsq_sync._cli_servers import (
     Unreachable,
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("-c", "--channel", help="channel (default: a new ephemeral one)")
     tail.add_argument("-n", type=_positive_int, dest="count", help="exit after N messages")
     tail.add_argument("--format", choices=("raw", "json"), default="raw")
+    add_metrics_options(tail)
     tail.set_defaults(func=cmd_tail)
 
     drain = command("drain", "consume a channel until it is idle, then exit")
@@ -152,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--timeout", type=_positive_float, metavar="S", help="stop after S s")
     drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
     drain.add_argument("--format", choices=("raw", "json"), default="raw")
+    add_metrics_options(drain)
     drain.set_defaults(func=cmd_drain)
 
     stats = command("stats", "topics and channels of nsqd(s) as a table")
@@ -296,6 +299,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     else:
         channel = validate_channel(args.channel)
     check_sources(args)
+    serve_metrics(args)
     max_in_flight = 200  # run(max_messages=) lowers it to what --count leaves
     reader_gone = _ReaderGone()
     consumer = _consumer(
@@ -317,6 +321,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if no_nsqd and not lookup(args, args.topic):
         log.info("no nsqd carries %s: nothing to drain", args.topic)
         return 0
+    serve_metrics(args)
     progress = Progress(sys.stderr, "messages")
     output: BinaryIO = sys.stdout.buffer
     if args.output not in (None, "-"):

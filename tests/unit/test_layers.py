@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "cli",
             "_cli_output",
+            "_cli_metrics",
             "_cli_servers",
             "_progress",
             "__main__",

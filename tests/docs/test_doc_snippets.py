@@ -255,6 +255,12 @@ def check_quickstart_producer(run: Run) -> None:
     assert run.nsqd.depth("orders") == 3, run.describe()  # 1 PUB + an MPUB of 2
 
 
+def check_metrics_prometheus(run: Run) -> None:
+    exited_ok(run)
+    assert lines_with("published ", run) == ["1.0"], run.describe()
+    assert run.nsqd.depth("orders") == 1, run.describe()
+
+
 def check_quickstart_consumer(run: Run) -> None:
     exited_ok(run)  # SIGTERM: run() stopped gracefully and returned
     assert lines_with("got ", run) == ["order 1", "order 2", "order 3"], run.describe()
@@ -356,6 +362,7 @@ get_producer().close()
 
 SNIPPETS: dict[str, Spec] = {
     "quickstart-producer": Spec(check=check_quickstart_producer),
+    "metrics-prometheus": Spec(check=check_metrics_prometheus),
     "quickstart-consumer": Spec(
         check=check_quickstart_consumer,
         setup=lambda cluster: publish(cluster, "orders", ORDERS),

@@ -218,16 +218,16 @@ class Producer:
         datas = commands.to_bodies(bodies)
         observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
         if observer is not None:
-            observer.publish("MPUB", topic, datas, lambda b: self._mpub(topic, b, timeout))
+            observer.publish("MPUB", topic, datas, lambda b: self._mpub(topic, list(b), timeout))
             return
         self._mpub(topic, datas, timeout)
 
-    def _mpub(self, topic: str, datas: Sequence[bytes], timeout: Duration | None) -> str:
+    def _mpub(self, topic: str, datas: list[bytes], timeout: Duration | None) -> str:
         limit = self.config.max_msg_size
         if limit is not None and max(map(len, datas)) > limit:
             for i, d in enumerate(datas):
                 self._check_size(len(d), i)  # raises for the first too large
-        data = commands.mpub_checked(topic, list(datas))
+        data = commands.mpub_checked(topic, datas)
         limit = self.config.max_body_size
         # nsqd holds the MPUB's body to --max-body-size: what follows "MPUB <topic>\n" and the
         # body's 4-byte size (the message count, then each message's size and bytes)

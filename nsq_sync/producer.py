@@ -189,12 +189,15 @@ class Producer:
         """
         observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
         if observer is not None:
-            topic = validate_topic(topic)  # bad input raises before anything is recorded
-            observer.publish(
-                "PUB", topic, [commands.to_body(body)], lambda b: self._pub(topic, b[0], timeout)
-            )
+            self._observed(observer, "PUB", topic, [body], timeout)
             return
-        self._pub(topic, body, timeout)
+        # _pub's lines, inline: with metrics off a publish runs in the frames it always had
+        data = commands.pub(topic, body)
+        size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
+        limit = self.config.max_msg_size
+        if limit is not None and size > limit:
+            self._check_size(size, None)  # raises
+        self._publish(data, timeout)
 
     def _pub(self, topic: str, body: Body, timeout: Duration | None) -> str:
         data = commands.pub(topic, body)
@@ -218,7 +221,7 @@ class Producer:
         datas = commands.to_bodies(bodies)
         observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
         if observer is not None:
-            observer.publish("MPUB", topic, datas, lambda b: self._mpub(topic, list(b), timeout))
+            self._observed(observer, "MPUB", topic, datas, timeout)
             return
         self._mpub(topic, datas, timeout)
 
@@ -251,13 +254,7 @@ class Producer:
         delay = to_seconds(delay, "delay", maximum=self.config.max_defer, maximum_name="max_defer")
         observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
         if observer is not None:
-            topic = validate_topic(topic)  # bad input raises before anything is recorded
-            observer.publish(
-                "DPUB",
-                topic,
-                [commands.to_body(body)],
-                lambda b: self._dpub(topic, b[0], delay, timeout),
-            )
+            self._observed(observer, "DPUB", topic, [body], timeout, delay)
             return
         self._dpub(topic, body, delay, timeout)
 
@@ -304,6 +301,27 @@ class Producer:
         return self._closed
 
     # ------------------------------------------------------------------ internals
+
+    def _observed(
+        self,
+        observer: _observe.PublishObserver,
+        op: str,
+        topic: str,
+        bodies: list[Any],
+        timeout: Duration | None,
+        delay: float = 0.0,
+    ) -> None:
+        """Publish through ``observer`` (metrics on). Apart from the public methods so that
+        they hold no closure: its cells would cost every publish, metrics on or off."""
+        topic = validate_topic(topic)  # bad input raises before anything is recorded
+        if op == "MPUB":
+            observer.publish(op, topic, bodies, lambda b: self._mpub(topic, list(b), timeout))
+            return
+        datas = [commands.to_body(bodies[0])]
+        if op == "PUB":
+            observer.publish(op, topic, datas, lambda b: self._pub(topic, b[0], timeout))
+        else:
+            observer.publish(op, topic, datas, lambda b: self._dpub(topic, b[0], delay, timeout))
 
     def _check_size(self, size: int, index: int | None) -> None:
         limit = self.config.max_msg_size

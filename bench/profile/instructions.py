@@ -59,8 +59,8 @@ TARGETS = [
 METRICS_TARGETS = [
     (client, op, n1, n2)
     # (consume: fewer messages than TARGETS, as the OpenTelemetry SDK's ~0.5M instructions
-    # per message under valgrind's slow-down would take an hour for 30k)
-    for op, n1, n2 in (("pub", 1000, 3000), ("consume", 2000, 6000))
+    # per message under valgrind's slow-down would take an hour for 30k; multiples of CHUNK)
+    for op, n1, n2 in (("pub", 1000, 3000), ("consume", 5000, 10_000))
     for client in ("nsq_sync-base", "nsq_sync", "nsq_sync+prometheus", "nsq_sync+otel")
 ]
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nsq_sync._observe import ConsumerObserver
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
 from nsq_sync.dispatch import GiveUpHandler, ends_task
@@ -100,6 +101,8 @@ class BatchConsumer:
         else:
             max_in_flight = max(batch_size, config.max_in_flight if config else 1)
         self.handle_batch = handle_batch
+        #: handle_batch, timed and traced while metrics are on (nsq_sync.metrics)
+        self._batch_handler: Callable[[list[Message]], Any] = handle_batch
         self.batch_size = batch_size
         self.batch_timeout = timeout
         self._parts: ConsumerParts | None = None  # the consumer's machinery (see _attach)
@@ -321,7 +324,7 @@ class BatchConsumer:
 
     def _run_handler(self, batch: list[Message]) -> None:
         try:
-            self.handle_batch(batch)
+            self._batch_handler(batch)
         except BaseException as exc:
             if ends_task(exc):
                 self._ended(batch, exc)
@@ -389,3 +392,8 @@ class _Collector(PartsUser):
 
     def attach(self, parts: ConsumerParts) -> None:
         self._owner._attach(parts)
+
+    def observe(self, observer: ConsumerObserver | None) -> None:
+        owner = self._owner
+        handler = owner.handle_batch
+        owner._batch_handler = handler if observer is None else observer.wrap_handler(handler, True)

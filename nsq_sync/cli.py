@@ -35,6 +35,7 @@ from nsq_sync._cli_dead_letter import (
     add_dead_letter_flags,
     dead_letter_options,
 )
+from nsq_sync._cli_metrics import add_metrics_options, serve_metrics
 from nsq_sync._cli_output import STATS_COLUMNS, stats_rows, table, writer
 from nsq_sync._cli_servers import (
     Unreachable,
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "channel (by default tail refuses: its ephemeral channel would lose them)",
     )
     add_dead_letter_flags(tail, _positive_int)
+    add_metrics_options(tail)
     tail.set_defaults(func=cmd_tail)
 
     drain = command("drain", "consume a channel until it is idle, then exit")
@@ -170,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
     drain.add_argument("--format", choices=("raw", "json"), default="raw")
     add_dead_letter_flags(drain, _positive_int)
+    add_metrics_options(drain)
     drain.set_defaults(func=cmd_drain)
 
     stats = command("stats", "topics and channels of nsqd(s) as a table")
@@ -331,6 +334,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     check_sources(args)
     if channel.endswith("#ephemeral") and not args.take_backlog:
         guard_backlog(args, args.topic, "--take-backlog")
+    serve_metrics(args)
     max_in_flight = 200  # run(max_messages=) lowers it to what --count leaves
     reader_gone = _ReaderGone()
     consumer = _consumer(
@@ -352,6 +356,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if no_nsqd and not lookup(args, args.topic):
         log.info("no nsqd carries %s: nothing to drain", args.topic)
         return 0
+    serve_metrics(args)
     progress = Progress(sys.stderr, "messages")
     output: BinaryIO = sys.stdout.buffer
     if args.output not in (None, "-"):

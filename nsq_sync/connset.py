@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from nsq_sync._observe import ConsumerObserver
 from nsq_sync.config import Config
 from nsq_sync.connection import NsqdConnection
 from nsq_sync.discovery import Discovery
@@ -84,6 +85,8 @@ class ConnectionSet:
         self.responder: Responder | None = None
         self.deliver: Callable[[list[Message]], None] = _nowhere
         self.discovery: Discovery | None = None
+        #: metrics and traces (nsq_sync.metrics); None while off: one check per event batch
+        self.observer: ConsumerObserver | None = None
         self._connected_at: dict[NsqdConnection, float] = {}
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
@@ -100,6 +103,11 @@ class ConnectionSet:
         """Messages delivered and not yet answered, over the live connections."""
         with self.lock:
             return sum(c.in_flight for c in self.rdy.conns.values())
+
+    def in_flight_of(self, key: str | None) -> int:
+        """Messages in flight on the connection of RDY key ``key`` (caller holds :attr:`lock`)."""
+        state = None if key is None else self.rdy.conns.get(key)
+        return 0 if state is None else state.in_flight
 
     def credit(self) -> tuple[int, int, int]:
         """(messages nsqds may still send, messages in flight, messages received so far): what
@@ -147,6 +155,9 @@ class ConnectionSet:
         """Add ``n`` to the counter ``what`` (one of :data:`COUNTERS`)."""
         with self.lock:
             self.counts[what] += n
+            observer = self.observer
+            if observer is not None and n > 0:  # (a rejected FIN/REQ is not taken back there)
+                observer.counted(what, n)
 
     def key(self, conn: NsqdConnection) -> str | None:
         """``conn``'s RDY key; None for a connection that was replaced since (caller holds
@@ -161,10 +172,13 @@ class ConnectionSet:
 
     def apply(self, actions: list[Action]) -> None:
         """Send RDY updates in order (caller holds :attr:`lock`)."""
+        observer = self.observer
         for address, count in actions:
             conn = self.conns.get(cast(str, address))
             if conn is not None:
                 self.send(conn, commands.rdy(count))
+                if observer is not None:
+                    observer.rdy(conn.address, count)
 
     def apply_and_wake(self, event: Callable[[], list[Action]]) -> None:
         """Apply the RDY manager's answer to ``event()``; wake the timer task when its next
@@ -173,6 +187,8 @@ class ConnectionSet:
         self.apply(event())
         if self.rdy.next_deadline() != before:
             self._timer_wakeup.set()
+        if self.observer is not None:
+            self.observer.backoff(self.rdy.backoff_level)
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         with self.lock:
@@ -207,6 +223,8 @@ class ConnectionSet:
                 return
             with self.lock:
                 self.apply(self.rdy.tick())
+                if self.observer is not None:
+                    self.observer.backoff(self.rdy.backoff_level)
 
     # ------------------------------------------------------------------ connecting
 
@@ -248,6 +266,8 @@ class ConnectionSet:
                 self.conns[address] = conn
                 self._connected_at[conn] = time.monotonic()
                 conn.start_reader()
+                if self.observer is not None:
+                    self.observer.connection(address, True)
                 self.apply(self.rdy.add(address, conn.max_rdy_count))
                 self.connected.set()
             else:
@@ -272,9 +292,13 @@ class ConnectionSet:
             self.counts["received"] += n
             stale = self.stopping
             # counted in flight even while stopping: their REQ below counts them out
-            actions = self.rdy.on_messages(self.key(conn), n)
+            key = self.key(conn)
+            actions = self.rdy.on_messages(key, n)
             if actions and not stale:
                 self.apply(actions)
+            observer = self.observer
+            if observer is not None:
+                observer.received(conn.address, n, self.in_flight_of(key))
             if self.rdy.budget is not None:  # a budgeted run's deadlines follow messages
                 self._timer_wakeup.set()
         if stale:
@@ -310,6 +334,8 @@ class ConnectionSet:
                 state = self.rdy.conns.get(conn.address)
                 in_flight = state.in_flight if state is not None else 0
                 self.apply(self.rdy.remove(conn.address))
+                if self.observer is not None:
+                    self.observer.connection(conn.address, False)
             since = self._connected_at.pop(conn, None)
             # useful: it delivered, or outlived a heartbeat; a connection that nsqd closes
             # right after SUB is not, and its reconnect backoff keeps growing

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync import _fork
+from nsq_sync import _fork, _observe
 from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync._dead_letterer import DeadLetterer, check_topic
 from nsq_sync.backoff import make_backoff
@@ -67,6 +67,10 @@ class PartsUser:
 
     def attach(self, parts: ConsumerParts) -> None:
         raise NotImplementedError
+
+    def observe(self, observer: _observe.ConsumerObserver | None) -> None:
+        """Metrics were turned on (or off): time and trace the user's handler through
+        ``observer.wrap_handler``. Default: nothing."""
 
 
 class Consumer:
@@ -280,6 +284,7 @@ class Consumer:
         self._flusher.start(name, self._pool)
         self._conns.start(name)
         self._discovery.start(name)
+        _observe.track(self)  # metrics (nsq_sync.metrics), when enabled, now or later
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
@@ -313,6 +318,26 @@ class Consumer:
         return run_to_end(
             self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )
+
+    def _observe(self, observer: _observe.ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing); called at start() and when
+        a metrics backend is enabled later. Thread-safe."""
+        conns = self._conns
+        handler = self._handler
+        if isinstance(handler, PartsUser):
+            handler.observe(observer)
+        elif observer is None:
+            self._pool.handler = handler
+        else:
+            self._pool.handler = observer.wrap_handler(handler, False)
+        with conns.lock:
+            conns.observer = observer
+            if observer is not None:  # what is up already (enabled after start)
+                for address, state in conns.rdy.conns.items():
+                    if address in conns.conns:
+                        observer.connection(address, True)
+                        observer.rdy(address, state.rdy)
+                observer.backoff(conns.rdy.backoff_level)
 
     def _check_process(self) -> None:
         # A started consumer's threads do not survive a fork, and its sockets are the

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from nsq_sync import _fork
+from nsq_sync import _fork, _observe
 from nsq_sync._addresses import parse_address
 from nsq_sync._slots import Slot, SlotBackingOff
 from nsq_sync.config import Config, address_list
@@ -187,12 +187,25 @@ class Producer:
                 every address is backing off after a failure.
             Stopped: the producer is closed (nothing was sent).
         """
+        observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
+        if observer is not None:
+            self._observed(observer, "PUB", topic, [body], timeout)
+            return
+        # _pub's lines, inline: with metrics off a publish runs in the frames it always had
         data = commands.pub(topic, body)
         size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
         limit = self.config.max_msg_size
         if limit is not None and size > limit:
             self._check_size(size, None)  # raises
         self._publish(data, timeout)
+
+    def _pub(self, topic: str, body: Body, timeout: Duration | None) -> str:
+        data = commands.pub(topic, body)
+        size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
+        limit = self.config.max_msg_size
+        if limit is not None and size > limit:
+            self._check_size(size, None)  # raises
+        return self._publish(data, timeout)
 
     def multi_publish(
         self, topic: str, bodies: Iterable[Body], *, timeout: Duration | None = None
@@ -206,6 +219,13 @@ class Producer:
         """
         topic = validate_topic(topic)  # the topic's error first, as for publish
         datas = commands.to_bodies(bodies)
+        observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
+        if observer is not None:
+            self._observed(observer, "MPUB", topic, datas, timeout)
+            return
+        self._mpub(topic, datas, timeout)
+
+    def _mpub(self, topic: str, datas: list[bytes], timeout: Duration | None) -> str:
         limit = self.config.max_msg_size
         if limit is not None and max(map(len, datas)) > limit:
             for i, d in enumerate(datas):
@@ -217,7 +237,7 @@ class Producer:
         size = len(data) - len(topic) - 10
         if limit is not None and size > limit:
             raise InvalidBody(f"MPUB batch of {size} bytes exceeds max_body_size {limit}")
-        self._publish(data, timeout)
+        return self._publish(data, timeout)
 
     def deferred_publish(
         self, topic: str, body: Body, delay: Duration, *, timeout: Duration | None = None
@@ -232,9 +252,16 @@ class Producer:
                 as :meth:`publish`.
         """
         delay = to_seconds(delay, "delay", maximum=self.config.max_defer, maximum_name="max_defer")
+        observer = _observe.publisher  # metrics (nsq_sync.metrics); None while off
+        if observer is not None:
+            self._observed(observer, "DPUB", topic, [body], timeout, delay)
+            return
+        self._dpub(topic, body, delay, timeout)
+
+    def _dpub(self, topic: str, body: Body, delay: float, timeout: Duration | None) -> str:
         data = commands.dpub(topic, body, delay)
         self._check_size(len(commands.to_body(body)), None)
-        self._publish(data, timeout)
+        return self._publish(data, timeout)
 
     def close(self, timeout: Duration = 10.0) -> None:
         """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
@@ -275,13 +302,35 @@ class Producer:
 
     # ------------------------------------------------------------------ internals
 
+    def _observed(
+        self,
+        observer: _observe.PublishObserver,
+        op: str,
+        topic: str,
+        bodies: list[Any],
+        timeout: Duration | None,
+        delay: float = 0.0,
+    ) -> None:
+        """Publish through ``observer`` (metrics on). Apart from the public methods so that
+        they hold no closure: its cells would cost every publish, metrics on or off."""
+        topic = validate_topic(topic)  # bad input raises before anything is recorded
+        if op == "MPUB":
+            observer.publish(op, topic, bodies, lambda b: self._mpub(topic, list(b), timeout))
+            return
+        datas = [commands.to_body(bodies[0])]
+        if op == "PUB":
+            observer.publish(op, topic, datas, lambda b: self._pub(topic, b[0], timeout))
+        else:
+            observer.publish(op, topic, datas, lambda b: self._dpub(topic, b[0], delay, timeout))
+
     def _check_size(self, size: int, index: int | None) -> None:
         limit = self.config.max_msg_size
         if limit is not None and size > limit:
             where = "" if index is None else f" (message {index})"
             raise InvalidBody(f"message body{where} of {size} bytes exceeds max_msg_size {limit}")
 
-    def _publish(self, data: bytes, timeout: Duration | None) -> None:
+    def _publish(self, data: bytes, timeout: Duration | None) -> str:
+        """Send ``data`` (a whole command) with failover; the address of the nsqd that took it."""
         if timeout is None:
             seconds = self.config.publish_timeout
         else:
@@ -310,12 +359,12 @@ class Producer:
                 try:
                     answer = conn.request(data, seconds)
                     if answer == OK:
-                        return
+                        return slot.address
                     raise _not_ok(answer)
                 except Exception as exc:
                     attempts = _Attempts(seconds, deadline)
                     self._attempt_failed(slot, conn, True, exc, attempts)
-            self._publish_with_failover(
+            return self._publish_with_failover(
                 pool, data, attempts or _Attempts(seconds, time.monotonic() + seconds)
             )
         finally:
@@ -326,7 +375,7 @@ class Producer:
         if isinstance(runtime, AutoRuntime) and runtime.patched_late():  # warned (once)
             pool.watch_patch = False
 
-    def _publish_with_failover(self, pool: _Pool, data: bytes, attempts: _Attempts) -> None:
+    def _publish_with_failover(self, pool: _Pool, data: bytes, attempts: _Attempts) -> str:
         deadline = attempts.deadline
         retried = False
         slots = pool.slots
@@ -363,7 +412,7 @@ class Producer:
                     self._attempt_failed(slot, conn, sent, exc, attempts)
                 else:
                     pool.current = index
-                    return
+                    return slot.address
             # Wait (within the deadline) for the first address to come back: under retry_unknown,
             # or once after an address that worked failed for the first time.
             maybe_sent = attempts.maybe_sent

@@ -89,11 +89,15 @@ class ConsumerResponder:
                 continue
             n = len(group)
             with conns.lock:
-                quiet = conns.rdy.finish_quietly(conns.key(conn), n)
+                key = conns.key(conn)
+                quiet = conns.rdy.finish_quietly(key, n)
                 if quiet:
                     conns.counts["finished"] += n
                     if conns.rdy.budget is not None:  # its deadlines may have moved
                         conns.wake_timer()
+                    observer = conns.observer
+                    if observer is not None:
+                        observer.answered("finished", conn.address, n, conns.in_flight_of(key))
             if not quiet:
                 for message in group:
                     self.finish(message)
@@ -144,6 +148,9 @@ class ConsumerResponder:
             key = conns.key(conn)
             conns.apply_and_wake(lambda: rdy_event(key))
             conns.counts[what] += 1
+            observer = conns.observer
+            if observer is not None:
+                observer.answered(what, conn.address, 1, conns.in_flight_of(key))
         self._write(conn, data, what, 1, now=False)
 
     def _write(self, conn: NsqdConnection, data: bytes, what: str, n: int, now: bool) -> None:

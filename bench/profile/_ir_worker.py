@@ -2,7 +2,11 @@
 
     python _ir_worker.py CLIENT OP N TCP_ADDRESS TOPIC
 
-CLIENT is nsq_sync, nsq-py or raw (a bare stdlib socket); OP is ``pub`` (one PUB at a time, each
+CLIENT is nsq_sync, nsq-py or raw (a bare stdlib socket), or nsq_sync with metrics on:
+nsq_sync+prometheus (``metrics.enable_prometheus()``, the default registry) or nsq_sync+otel
+(``metrics.enable_otel()`` with the SDK: a tracer provider with a batch span processor and a
+meter provider with a reader, both in memory); nsq_sync-base is nsq_sync from the tree on
+PYTHONPATH (instructions.py --baseline). OP is ``pub`` (one PUB at a time, each
 waiting for its OK, after one warm-up PUB) or ``consume`` (N messages of a topic the harness
 filled with exactly N, FIN each, max_in_flight 2500). Standard library plus the client: it runs
 with each peer's own interpreter. Bounded: a consume that has not got N messages in 600 s exits 1.
@@ -87,9 +91,38 @@ def raw_pub(n: int, address: str, topic: str) -> None:
     sock.close()
 
 
+def enable_prometheus() -> None:
+    from nsq_sync import metrics
+
+    metrics.enable_prometheus()
+
+
+def enable_otel() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from nsq_sync import metrics
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    metrics.enable_otel(meter_provider, tracer_provider)
+
+
+SETUP = {"nsq_sync+prometheus": enable_prometheus, "nsq_sync+otel": enable_otel}
+
 WORKERS = {
     ("nsq_sync", "pub"): nsq_sync_pub,
     ("nsq_sync", "consume"): nsq_sync_consume,
+    ("nsq_sync-base", "pub"): nsq_sync_pub,
+    ("nsq_sync-base", "consume"): nsq_sync_consume,
+    ("nsq_sync+prometheus", "pub"): nsq_sync_pub,
+    ("nsq_sync+prometheus", "consume"): nsq_sync_consume,
+    ("nsq_sync+otel", "pub"): nsq_sync_pub,
+    ("nsq_sync+otel", "consume"): nsq_sync_consume,
     ("nsq-py", "pub"): nsqpy_pub,
     ("nsq-py", "consume"): nsqpy_consume,
     ("raw", "pub"): raw_pub,
@@ -98,6 +131,9 @@ WORKERS = {
 
 def main() -> None:
     client, op, n, address, topic = sys.argv[1:6]
+    setup = SETUP.get(client)
+    if setup is not None:
+        setup()
     WORKERS[client, op](int(n), address, topic)
 
 

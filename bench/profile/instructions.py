@@ -12,6 +12,11 @@ what a syscall costs shows in the benchmark's CPU figures instead. Peers run fro
 benchmark virtualenvs (`.bench/venvs/<peer>`, made by scripts/bench); a missing one is skipped.
 Topics for consumption are filled through nsqd's HTTP /mpub by this process, outside valgrind.
 
+``--metrics`` measures the cost of nsq_sync.metrics instead, in the same run: nsq_sync with
+metrics off, with Prometheus on and with OpenTelemetry on (the SDK, in memory), and with
+``--baseline DIR`` (a tree holding another version's ``nsq_sync/``, e.g. from ``git archive``)
+that version with metrics off, so "off" can be compared with before.
+
 The breakdown by C function (``--functions``) shows where the interpreter spends them (the
 evaluation loop, allocation, attribute lookups, the garbage collector...).
 Bounded: each valgrind run has 900 s at most.
@@ -50,8 +55,23 @@ TARGETS = [
 ]
 
 
+#: --metrics: nsq_sync with metrics off (and the --baseline tree's), Prometheus on, OTel on
+METRICS_TARGETS = [
+    (client, op, n1, n2)
+    # (consume: fewer messages than TARGETS, as the OpenTelemetry SDK's ~0.5M instructions
+    # per message under valgrind's slow-down would take an hour for 30k; multiples of CHUNK)
+    for op, n1, n2 in (("pub", 1000, 3000), ("consume", 5000, 10_000))
+    for client in ("nsq_sync-base", "nsq_sync", "nsq_sync+prometheus", "nsq_sync+otel")
+]
+
+#: --baseline DIR: what nsq_sync-base imports
+BASELINE: Path | None = None
+
+
 def interpreter(client: str) -> str | None:
-    if client in ("nsq_sync", "raw"):
+    if client == "nsq_sync-base" and BASELINE is None:
+        return None
+    if client in ("nsq_sync", "raw") or client.startswith("nsq_sync"):
         return sys.executable
     venv = ROOT / ".bench" / "venvs" / client / "bin" / "python"
     return str(venv) if venv.exists() else None
@@ -71,7 +91,8 @@ def fill(http_address: str, topic: str, n: int) -> None:
 
 
 def callgrind(python: str, args: list[str], out: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    root = BASELINE if args[0] == "nsq_sync-base" and BASELINE is not None else ROOT
+    env = dict(os.environ, PYTHONPATH=str(root))
     subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, str(WORKER), *args],
         check=True,
@@ -122,7 +143,11 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated clients (raw, nsq_sync, nsq-py)")
     parser.add_argument("--functions", type=int, default=12, help="C functions listed per row")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument("--metrics", action="store_true", help="the cost of nsq_sync.metrics")
+    parser.add_argument("--baseline", type=Path, help="with --metrics: another tree to compare")
     args = parser.parse_args()
+    global BASELINE
+    BASELINE = args.baseline
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         sys.exit("valgrind (with callgrind_annotate) is needed: apt-get install valgrind")
     only = set(args.only.split(",")) if args.only else None
@@ -136,7 +161,7 @@ def main() -> None:
         NsqdProcess(extra_args=["--mem-queue-size=10000000"]) as nsqd,
         tempfile.TemporaryDirectory() as tmp,
     ):
-        for client, op, n1, n2 in TARGETS:
+        for client, op, n1, n2 in METRICS_TARGETS if args.metrics else TARGETS:
             if only is not None and client not in only:
                 continue
             per_op = measure(nsqd, client, op, n1, n2, Path(tmp))
@@ -154,6 +179,10 @@ def main() -> None:
         ours, peer = totals.get(("nsq_sync", op)), totals.get(("nsq-py", op))
         if ours and peer:
             lines.append(f"{op}: nsq_sync / nsq-py = {ours / peer:.2f}")
+        for other in ("nsq_sync-base", "nsq_sync+prometheus", "nsq_sync+otel"):
+            theirs = totals.get((other, op))
+            if ours and theirs:
+                lines.append(f"{op}: {other} / nsq_sync (metrics off) = {theirs / ours:.3f}")
     report = "\n".join(lines) + "\n"
     print(report, end="")
     if args.out is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync import _fork
+from nsq_sync import _fork, metrics
 from nsq_sync._addresses import address_list, parse_address, parse_http_address
 from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
@@ -35,8 +35,10 @@ log = logging.getLogger("nsq_sync.contrib")
 
 NSQD = "nsqd_tcp_addresses"
 LOOKUPD = "lookupd_http_addresses"
+#: metrics backends to enable (nsq_sync.metrics.enable): "prometheus", "otel", or both
+METRICS = "metrics"
 _OPTIONS = frozenset(f.name for f in dataclasses.fields(Config))
-_KNOWN = sorted(_OPTIONS | {NSQD, LOOKUPD})
+_KNOWN = sorted(_OPTIONS | {NSQD, LOOKUPD, METRICS})
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class NsqSettings:
     nsqd_tcp_addresses: tuple[str, ...]
     lookupd_http_addresses: tuple[str, ...]
     config: Config
+    #: metrics backends the settings ask for ("prometheus", "otel")
+    metrics: tuple[str, ...] = ()
 
 
 def _check_addresses(name: str, key: str, value: Any) -> Problem | None:
@@ -85,6 +89,11 @@ def find_problems(
             problem = _check_addresses(name, key, value)
             if problem is not None:
                 problems.append(problem)
+        elif key == METRICS:
+            try:
+                metrics.parse_backends(value, name)
+            except ConfigError as exc:
+                problems.append(Problem(name, "invalid", str(exc)))
         elif key not in _OPTIONS:
             close = difflib.get_close_matches(key, _KNOWN, n=1)
             hint = f" (did you mean {key_name(close[0])}?)" if close else ""
@@ -129,7 +138,8 @@ def parse_settings(options: Mapping[str, Any], key_name: Callable[[str], str] = 
     by_key = {str(k).replace("-", "_").lower(): v for k, v in options.items()}
     nsqd = address_list(NSQD, by_key.pop(NSQD, []))
     lookupd = address_list(LOOKUPD, by_key.pop(LOOKUPD, []))
-    return NsqSettings(nsqd, lookupd, Config().replace(**by_key))
+    backends = tuple(metrics.parse_backends(by_key.pop(METRICS, None)))
+    return NsqSettings(nsqd, lookupd, Config().replace(**by_key), backends)
 
 
 class ProducerHolder:

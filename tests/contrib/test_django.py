@@ -179,6 +179,7 @@ def test_get_producer_is_one_per_process(nsqd: NsqdProcess, nsq_topic: str) -> N
         ({"nsqd_tcp_addresses": ["127.0.0.1"]}, "nsq_sync.E004", "nsqd_tcp_addresses"),
         ({"lookupd_http_addresses": ["ftp://h:1"]}, "nsq_sync.E004", "lookupd_http_addresses"),
         ({"max_in_flight": 5}, "nsq_sync.E005", "nsqd_tcp_addresses"),
+        ({"nsqd_tcp_addresses": ["h:1"], "metrics": "statsd"}, "nsq_sync.E003", "metrics"),
         (
             {"nsqd_tcp_addresses": "h:1", "heartbeat_interval": 90},
             "nsq_sync.E006",
@@ -214,6 +215,24 @@ def test_system_checks_accept_good_settings() -> None:
     }
     with override_settings(NSQ=good):
         assert [e for e in checks.run_checks() if e.id.startswith("nsq_sync.")] == []
+
+
+def test_nsq_metrics_setting_enables_prometheus(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    """NSQ["metrics"] = "prometheus": enabled when the app is ready (what ready() runs)."""
+    from django.test import override_settings
+    from prometheus_client import REGISTRY
+
+    from nsq_sync import metrics
+    from nsq_sync.contrib.django import apps, get_producer
+
+    with override_settings(NSQ={"nsqd_tcp_addresses": [nsqd.tcp_address], "metrics": "prometheus"}):
+        try:
+            apps._enable_metrics()
+            get_producer().publish(nsq_topic, b"counted")
+        finally:
+            metrics.disable()
+    labels = {"topic": nsq_topic, "outcome": "ok"}
+    assert REGISTRY.get_sample_value("nsq_sync_published_messages_total", labels) == 1
 
 
 def test_manage_py_check_exits_non_zero_on_a_bad_address(tmp_path: Path) -> None:

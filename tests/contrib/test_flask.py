@@ -86,11 +86,28 @@ def test_init_app_in_a_factory_binds_through_the_app_context(
         ({"NSQ_NSQD_TCP_ADDRESSES": ["h"]}, "NSQ_NSQD_TCP_ADDRESSES"),
         ({"NSQ_LOOKUPD_HTTP_ADDRESSES": "ftp://h:1"}, "NSQ_LOOKUPD_HTTP_ADDRESSES"),
         ({"NSQ_MAX_IN_FLIGHT": 5}, "NSQ_NSQD_TCP_ADDRESSES"),
+        ({"NSQ_NSQD_TCP_ADDRESSES": ["h:1"], "NSQ_METRICS": "statsd"}, "NSQ_METRICS"),
+        ({"NSQ_NSQD_TCP_ADDRESSES": ["h:1"], "NSQ_METRICS": 1}, "NSQ_METRICS"),
     ],
 )
 def test_init_app_raises_naming_the_bad_key(config: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         NSQ(_app(**config))
+
+
+def test_nsq_metrics_enables_prometheus(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    from prometheus_client import REGISTRY
+
+    from nsq_sync import metrics
+
+    nsq = NSQ(_app(NSQ_NSQD_TCP_ADDRESSES=[nsqd.tcp_address], NSQ_METRICS="prometheus"))
+    try:
+        nsq.publish(nsq_topic, b"counted")
+    finally:
+        metrics.disable()
+        nsq.close()
+    labels = {"topic": nsq_topic, "outcome": "ok"}
+    assert REGISTRY.get_sample_value("nsq_sync_published_messages_total", labels) == 1
 
 
 def test_unknown_key_suggests_the_option() -> None:

@@ -285,6 +285,12 @@ def check_quickstart_producer(run: Run) -> None:
     assert run.nsqd.depth("orders") == 3, run.describe()  # 1 PUB + an MPUB of 2
 
 
+def check_metrics_prometheus(run: Run) -> None:
+    exited_ok(run)
+    assert lines_with("published ", run) == ["1.0"], run.describe()
+    assert run.nsqd.depth("orders") == 1, run.describe()
+
+
 def check_quickstart_consumer(run: Run) -> None:
     exited_ok(run)  # SIGTERM: run() stopped gracefully and returned
     # the three the producer example published before: the topic's first channel gets them
@@ -414,6 +420,7 @@ def check_logging(run: Run) -> None:
 
 SNIPPETS: dict[str, Spec] = {
     "quickstart-producer": Spec(check=check_quickstart_producer),
+    "metrics-prometheus": Spec(check=check_metrics_prometheus),
     "quickstart-consumer": Spec(
         check=check_quickstart_consumer, stop_when=lambda run: len(lines_with("got ", run)) == 3
     ),

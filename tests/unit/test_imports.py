@@ -24,7 +24,16 @@ ALLOWED_FIRST_PARTY = {"nsq_sync.errors", "nsq_sync.protocol"}
 #: optional backends a protocol module may import lazily, inside the function that needs them
 #: (STYLE.md: codecs.py imports snappy only when snappy is negotiated)
 LAZY_OPTIONAL = {"snappy", "cramjam"}
-FORBIDDEN_AT_IMPORT = ("gevent", "snappy", "pyspark", "django", "flask", "gunicorn")
+FORBIDDEN_AT_IMPORT = (
+    "gevent",
+    "snappy",
+    "pyspark",
+    "django",
+    "flask",
+    "gunicorn",
+    "prometheus_client",
+    "opentelemetry",
+)
 
 
 def _is_stdlib(top_level: str) -> bool:
@@ -136,7 +145,7 @@ def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
 _PROBE = f"""
 import json, sys, threading
 import nsq_sync
-import nsq_sync.config, nsq_sync.contrib, nsq_sync.errors, nsq_sync.protocol
+import nsq_sync.config, nsq_sync.contrib, nsq_sync.errors, nsq_sync.protocol, nsq_sync.metrics
 print(json.dumps({{
     "forbidden": [m for m in {FORBIDDEN_AT_IMPORT!r} if m in sys.modules],
     "threads": threading.active_count(),

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("sans-IO", {"protocol", "errors", "_version"}),
     (
         "foundations",
-        {"config", "durations", "_addresses", "_fork", "runtime", "_tls", "_envelope"},
+        {"config", "durations", "_addresses", "_fork", "runtime", "_tls", "_envelope", "_observe"},
     ),
     ("policy", {"rdy", "rdy_budget", "backoff"}),
     (
@@ -43,11 +43,13 @@ LAYERS: list[tuple[str, set[str]]] = [
             "dead_letter",
             "_cli_dead_letter",
             "_cli_output",
+            "_cli_metrics",
             "_cli_servers",
             "_progress",
             "__main__",
             "__init__",
             "contrib",
+            "metrics",
             "spark",
             "testing",
         },

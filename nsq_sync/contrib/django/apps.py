@@ -1,4 +1,5 @@
-"""The Django app: registers the system checks of the ``NSQ`` setting."""
+"""The Django app: registers the system checks of the ``NSQ`` setting, and enables the metrics
+backends ``NSQ["metrics"]`` names when the app registry is ready."""
 
 from __future__ import annotations
 
@@ -18,6 +19,22 @@ class NsqSyncConfig(AppConfig):
 
         checks.register(check_nsq_settings)
         setting_changed.connect(_on_setting_changed, dispatch_uid="nsq_sync.setting_changed")
+        _enable_metrics()
+
+
+def _enable_metrics() -> None:
+    """NSQ["metrics"] = "prometheus" / "otel" / both: enable them in this process (an invalid
+    NSQ setting is left to the system checks, which name the key)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from nsq_sync import metrics
+    from nsq_sync.contrib.django import get_settings
+
+    try:
+        backends = get_settings().metrics
+    except ImproperlyConfigured:
+        return
+    metrics.enable(backends, "NSQ['metrics']")
 
 
 def _on_setting_changed(setting: str, **kwargs: object) -> None:

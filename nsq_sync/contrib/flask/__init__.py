@@ -5,6 +5,7 @@
     app.config["NSQ_NSQD_TCP_ADDRESSES"] = ["127.0.0.1:4150"]        # to publish
     app.config["NSQ_LOOKUPD_HTTP_ADDRESSES"] = ["http://127.0.0.1:4161"]  # and/or to consume
     app.config["NSQ_MAX_IN_FLIGHT"] = 50                             # NSQ_<OPTION>: any Config option
+    app.config["NSQ_METRICS"] = "prometheus"                         # optional: "otel", or both
     nsq = NSQ(app)            # or nsq = NSQ(); nsq.init_app(app) in an app factory
 
     nsq.publish("orders", b"...")   # through nsq.producer: one per process, fork-safe
@@ -32,6 +33,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("nsq_sync.contrib.flask needs Flask: pip install 'nsq_sync[flask]'") from exc
 
+from nsq_sync import metrics
 from nsq_sync.contrib._common import (
     NsqSettings,
     ProducerHolder,
@@ -81,6 +83,7 @@ class NSQ:
         """
         options = {k[len(_PREFIX) :]: v for k, v in app.config.items() if k.startswith(_PREFIX)}
         settings = parse_settings(options, _config_key)
+        metrics.enable(settings.metrics, "NSQ_METRICS")  # NSQ_METRICS = "prometheus" / "otel"
         app.extensions["nsq"] = _State(
             settings, ProducerHolder(lambda: settings, "NSQ_NSQD_TCP_ADDRESSES")
         )

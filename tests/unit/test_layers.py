@@ -25,7 +25,7 @@ PRODUCER_PARTS = {"_slots"}
 LAYERS: list[tuple[str, set[str]]] = [
     ("sans-IO", {"protocol", "errors", "_version"}),
     ("foundations", {"config", "durations", "_addresses", "_fork", "runtime", "_tls"}),
-    ("policy", {"rdy", "rdy_budget", "backoff"}),
+    ("policy", {"rdy", "rdy_budget", "rdy_rotation", "backoff"}),
     (
         "I/O",
         {"transport", "handshake", "connection", "_requests", "_http_base", "http", "lookupd"},

@@ -275,7 +275,9 @@ class ConnectionSet:
             actions = self.rdy.on_messages(self.key(conn), n)
             if actions and not stale:
                 self.apply(actions)
-            if self.rdy.budget is not None:  # a budgeted run's deadlines follow messages
+            # a budgeted run's deadlines follow messages, and scarce credit's may (an nsqd that
+            # had nothing sends: those found empty before may have filled up too)
+            if self.rdy.budget is not None or self.rdy.scarce:
                 self._timer_wakeup.set()
         if stale:
             for message in messages:

@@ -57,7 +57,7 @@ class ConnRDY:
     last_msg_at: float = 0.0
     granted_at: float = 0.0  # when rdy last went from 0 to > 0
     released_at: float = 0.0  # when rdy last went from > 0 to 0 (0: never held credit)
-    productive: bool = False  # it was delivering when its credit was last taken back
+    productive: bool = False  # it had delivered since its grant when its credit was taken
     answered_at: float = 0.0  # when credit was scarce: when its last message was answered
     cap: int = 0  # a budgeted run: most its nsqd may hold in flight (see rdy_budget)
     lowered_at: float = 0.0  # a budgeted run: when its RDY was last lowered
@@ -114,7 +114,13 @@ class RDYManager:
         )
         #: how soon an nsqd found empty is tried again (see rdy_rotation)
         self.probe_interval = low_rdy_idle_timeout
-        self._scarce = False
+        #: True when max_in_flight cannot give every connection RDY 1 (kept by
+        #: _recompute_shares: read on the hot path)
+        self.scarce = False
+        #: when scarce: when a connection last got a message after none for a while (the first
+        #: since its grant, or after unproductive_after without): others found empty before
+        #: may have filled up too (rdy_rotation)
+        self.woke_at = 0.0
         #: a budgeted run: how long after an RDY is lowered a message sent on the old value is
         #: assumed to have arrived (see rdy_budget; the consumer adds nsqd's output buffering)
         self.settle = max(1.0, self.unproductive_after) if settle is None else settle
@@ -136,11 +142,6 @@ class RDYManager:
     def in_backoff(self) -> bool:
         return self.backoff_level > 0
 
-    @property
-    def scarce(self) -> bool:
-        """True when max_in_flight cannot give every connection RDY 1."""
-        return self._scarce
-
     def share(self, key: Hashable) -> int:
         """The even split of max_in_flight for ``key`` (>= 1), capped by its max_rdy_count."""
         return self._shares.get(key, 0)
@@ -149,7 +150,7 @@ class RDYManager:
         # Cached: on_message (the hot path) reads shares for every message.
         n = len(self.conns)
         self._shares = {}
-        self._scarce = 0 < self.max_in_flight < n
+        self.scarce = 0 < self.max_in_flight < n
         if n == 0 or self.max_in_flight == 0:
             return
         base, extra = divmod(self.max_in_flight, n)
@@ -238,8 +239,14 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is None:
             return []
+        now = self.clock()
+        if self.scarce and (
+            conn.last_msg_at < conn.granted_at  # the first since its grant
+            or (not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after)
+        ):
+            self.woke_at = now  # (rdy_rotation) others found empty may have filled up too
         conn.in_flight += n
-        conn.last_msg_at = self.clock()
+        conn.last_msg_at = now
         conn.remaining = max(0, conn.remaining - n)
         if self.budget is not None:
             before = rdy_budget.snapshot(self)
@@ -284,7 +291,7 @@ class RDYManager:
         backoff level to step down), and return True; False (nothing counted) otherwise, and
         the caller calls :meth:`on_finish` for each. Workers finish whole batches through here.
         """
-        if self.backoff_level or self._scarce:  # scarce: an answer may free the credit
+        if self.backoff_level or self.scarce:  # scarce: an answer may free the credit
             return False
         conn = self.conns.get(key)
         if self.budget is not None and not rdy_budget.quiet_answers_fit(self, key, n):
@@ -350,12 +357,8 @@ class RDYManager:
         if conn.rdy == 0 and count > 0:
             conn.granted_at = self.clock()
         elif conn.rdy > 0 and count == 0:
-            now = conn.released_at = self.clock()
-            # delivering: it delivered since its grant and was not found empty
-            idle_since = max(conn.granted_at, conn.last_msg_at, conn.answered_at)
-            conn.productive = self._delivered_since_grant(conn) and (
-                conn.in_flight > 0 or now - idle_since < self.unproductive_after
-            )
+            conn.released_at = self.clock()
+            conn.productive = self._delivered_since_grant(conn)
         self._total += count - conn.rdy
         conn.rdy = count
         conn.remaining = count
@@ -365,7 +368,7 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
-            if self._scarce or self.testing:  # its credit may be free now (rdy_rotation)
+            if self.scarce or self.testing:  # its credit may be free now (rdy_rotation)
                 conn.answered_at = self.clock()
 
     def _trim_to_shares(self) -> list[Action]:

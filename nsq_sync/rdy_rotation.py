@@ -13,10 +13,13 @@ nsqd held a backlog (issue 25).
   consumer makes that longer than nsqd's ``output_buffer_timeout``); or, outside backoff, once
   it has held credit for ``redistribute_interval``, busy or not (fairness: an nsqd with a
   steady backlog does not keep the credit from the others).
-* A waiting connection is *due* at once when it never held credit, or was delivering when its
-  credit was taken (``productive``: it probably still has messages). One whose nsqd was found
-  empty is due ``probe_interval`` (``low_rdy_idle_timeout``) after it lost its credit: it may
-  have filled up since.
+* A waiting connection is *due* at once when it never held credit, or had delivered since its
+  grant when its credit was taken (``productive``: it may still have messages; once it holds
+  credit and sends nothing it is not). One whose nsqd was found empty is due once it may have
+  filled up: at once when, since, some connection got a message after none for a while (the
+  first since its grant, or the first after ``unproductive_after`` without: ``woke_at``, a
+  producer may be publishing again), otherwise ``probe_interval`` (``low_rdy_idle_timeout``)
+  after it lost its credit.
 * A free holder's credit goes to the due connection due the earliest (then: the one that lost
   credit the longest ago; then at random). With none due, a holder keeps its credit.
 
@@ -31,7 +34,8 @@ While the messages are on nsqds that never held credit or were delivering when i
 every hop visits a connection ahead of them in the order, and ``max_in_flight`` credits hop in
 parallel: the longest time with nothing consumed is ``ceil((n - max_in_flight) /
 max_in_flight)`` hops (one for 1 of 2 or 2 of 3 nsqds). Messages that arrive on an nsqd found
-empty wait until it comes due: at most ``probe_interval`` more.
+empty wait until it comes due: at once when another nsqd wakes up too (a producer publishing to
+several), at most ``probe_interval`` more otherwise.
 
 Everything here runs under the RDY manager's caller's lock, on the manager's state.
 """
@@ -45,7 +49,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.rdy import Action, ConnRDY, RDYManager
 
-__all__ = ["active", "best", "deadline", "due_at", "rotate"]
+__all__ = ["active", "best", "deadline", "due_at", "idle_since", "rotate"]
 
 _NEVER = math.inf
 
@@ -62,7 +66,15 @@ def due_at(m: RDYManager, conn: ConnRDY) -> float:
     """When a waiting connection should get the next free credit (0: at once)."""
     if conn.released_at == 0.0 or conn.productive:
         return 0.0
+    if m.woke_at > conn.released_at:  # publishing resumed since it was found empty
+        return m.woke_at
     return conn.released_at + m.probe_interval
+
+
+def idle_since(conn: ConnRDY) -> float:
+    """Since when a connection's nsqd has sent nothing: its grant, its last message or the
+    answer that emptied it."""
+    return max(conn.granted_at, conn.last_msg_at, conn.answered_at)
 
 
 def _free_at(m: RDYManager, conn: ConnRDY, fair: bool) -> float:
@@ -70,8 +82,7 @@ def _free_at(m: RDYManager, conn: ConnRDY, fair: bool) -> float:
     (nothing in flight), or (``fair``) it held the credit for a whole interval."""
     at = conn.granted_at + m.redistribute_interval if fair else _NEVER
     if conn.in_flight == 0:
-        idle_since = max(conn.granted_at, conn.last_msg_at, conn.answered_at)
-        at = min(at, idle_since + m.unproductive_after)
+        at = min(at, idle_since(conn) + m.unproductive_after)
     return at
 
 

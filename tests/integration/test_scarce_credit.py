@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support.nsq import bounded, connected_addresses
+from support.nsq import bounded, connected_addresses, settled_channel
 from support.nsq import wait_for as _wait_for
 
 from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
@@ -213,4 +213,36 @@ def test_one_credit_over_two_nsqds_found_through_lookupd(
     since = time.monotonic()
     gap = consume_all(consumer, handler, BACKLOG + 1, since)
     assert handler.origins == {a.tcp_address: BACKLOG, b.tcp_address: 1}
+    assert gap < LONGEST_GAP, f"nothing consumed for {gap:.2f} s while an nsqd held messages"
+
+
+def test_a_budgeted_run_over_two_nsqds_gets_exactly_its_messages_without_a_stall(
+    nsqd_factory: Callable[..., NsqdProcess],
+    nsq_topic: str,
+    consumers: Callable[..., Consumer],
+) -> None:
+    """run(max_messages=) with 1 credit over 2 nsqds (A 60 messages, B 1): exactly its
+    messages, none delivered beyond them (nsqd requeued nothing), and the credit still follows
+    the data: the budget has room for the credit on its way back and the next grant, so a hop
+    is no longer than without a budget."""
+    a, b = nsqd_factory(), nsqd_factory()
+    client_a, client_b = prepare(a, nsq_topic), prepare(b, nsq_topic)
+    publish(client_a, nsq_topic, 60)
+    publish(client_b, nsq_topic, 1)
+    handler = Timed()
+    consumer = consumers(
+        nsq_topic,
+        CHANNEL,
+        handler,
+        nsqd_tcp_addresses=[a.tcp_address, b.tcp_address],
+        max_in_flight=1,
+    )
+    since = time.monotonic()
+    summary = consumer.run(max_messages=40, timeout=TIMEOUT)
+    assert (summary.reason, summary.handled, summary.requeued) == ("max_messages", 40, 0)
+    assert consumer.stats().received == 40
+    left = [settled_channel(c, nsq_topic, CHANNEL) for c in (client_a, client_b)]
+    assert sum(s["depth"] for s in left) == 61 - 40
+    assert [(s["in_flight_count"], s["requeue_count"]) for s in left] == [(0, 0), (0, 0)]
+    gap = handler.longest_gap(since)
     assert gap < LONGEST_GAP, f"nothing consumed for {gap:.2f} s while an nsqd held messages"

@@ -415,7 +415,9 @@ class RDYManager:
         stays set): the next connection to join, or the resume, sends it."""
         if not self.conns or self.max_in_flight == 0:
             return []
-        key = rdy_rotation.best(self, list(self.conns))[0]
+        order = rdy_rotation.best(self, list(self.conns))
+        # one that was delivering first: the probe needs a message to test the handler with
+        key = next((k for k in order if self.conns[k].productive), order[0])
         return [self._set(key, 1)]
 
     def _probe_if_none(self) -> list[Action]:

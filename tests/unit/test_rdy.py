@@ -687,6 +687,28 @@ def test_probe_moves_away_from_an_idle_connection() -> None:
         assert served == {"a", "b", "c"}, seed
 
 
+def test_the_probe_goes_where_messages_were_and_moves_on_within_unproductive_after() -> None:
+    """Backoff over three connections: the probe goes to the one that was delivering when the
+    backoff began; when its nsqd sends nothing, the probe moves within unproductive_after to
+    one that never held credit, not after low_rdy_idle_timeout."""
+    m, wire, clock = make(
+        1, backoff=ExponentialBackoff(1.0, 60.0), seed=2, low_rdy_idle_timeout=10.0
+    )
+    wire.add("a")
+    wire.add("b")  # never holds credit until the probe moves
+    wire.message("a")
+    wire.requeue("a")  # a failure: RDY 0 everywhere, a delivered since its grant
+    assert m.in_backoff and wire.total == 0
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == [("a", 1)]
+    assert m.next_deadline() == clock.now + m.unproductive_after
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == [("a", 0), ("b", 1)]
+    wire.message("b")
+    wire.finish("b")  # the probe succeeded
+    assert not m.in_backoff
+
+
 def test_pause_during_backoff_does_not_probe_and_resume_does() -> None:
     m, wire, clock = backoff_manager(2, 10)
     wire.message("c0")

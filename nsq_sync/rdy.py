@@ -22,9 +22,8 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   ``backoff.compute(level)``; then one connection gets RDY 1 to test the water (the one most
   likely to have messages, moved on by the same rules as scarce credit when its nsqd sends
   nothing; sent when a connection joins or the consumer resumes if nobody could take it at
-  expiry). A success
-  lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
-  backoff window: results that arrive while the timer runs are ignored;
+  expiry). A success lowers the level (full RDY returns at level 0), a failure raises it. Only
+  one result counts per backoff window: results that arrive while the timer runs are ignored;
 * a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
   the nsqds never hold credit for more messages than the run will handle
   (``nsq_sync.rdy_budget`` says how, and why it matters).

@@ -271,15 +271,15 @@ class ConnectionSet:
         with self.lock:
             self.counts["received"] += n
             stale = self.stopping
-            rdy = self.rdy
-            woke_at = rdy.woke_at
             # counted in flight even while stopping: their REQ below counts them out
-            actions = rdy.on_messages(self.key(conn), n)
+            actions = self.rdy.on_messages(self.key(conn), n)
             if actions and not stale:
                 self.apply(actions)
+            rdy = self.rdy
             # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
             # that had nothing sends (those found empty before may have filled up too)
-            if rdy.budget is not None or rdy.woke_at != woke_at:
+            if rdy.budget is not None or (rdy.scarce and rdy.woken):
+                rdy.woken = False
                 self._timer_wakeup.set()
         if stale:
             for message in messages:

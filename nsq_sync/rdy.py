@@ -120,6 +120,7 @@ class RDYManager:
         #: since its grant, or after unproductive_after without): others found empty before
         #: may have filled up too (rdy_rotation)
         self.woke_at = 0.0
+        self.woken = False  # woke_at moved: the caller wakes the RDY timer (and clears this)
         #: a budgeted run: how long after an RDY is lowered a message sent on the old value is
         #: assumed to have arrived (see rdy_budget; the consumer adds nsqd's output buffering)
         self.settle = max(1.0, self.unproductive_after) if settle is None else settle
@@ -244,6 +245,7 @@ class RDYManager:
             or (not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after)
         ):
             self.woke_at = now  # (rdy_rotation) others found empty may have filled up too
+            self.woken = True
         conn.in_flight += n
         conn.last_msg_at = now
         conn.remaining = max(0, conn.remaining - n)

@@ -367,6 +367,25 @@ def test_an_answer_that_empties_the_holder_starts_its_idle_time() -> None:
     assert wire.tick() == [("a", 0), ("b", 1)]
 
 
+def test_an_nsqd_found_empty_is_due_at_once_when_another_one_wakes_up() -> None:
+    """An idle consumer: b holds the credit, a was found empty. A producer publishes to both:
+    b's message (its first in a while) makes a due at once, so a's messages wait one
+    unproductive_after after b's answer, not low_rdy_idle_timeout."""
+    m, wire, clock = make(1, seed=4, low_rdy_idle_timeout=10.0, redistribute_interval=5.0)
+    wire.add("a")
+    wire.add("b")
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == [("a", 0), ("b", 1)]  # a found empty
+    clock.advance(3.0)  # idle: the credit stays on b (a is due again 10 s after)
+    assert m.next_deadline() == m.conns["a"].released_at + 10.0
+    wire.message("b")  # publishing resumed
+    assert m.woken
+    wire.finish("b")
+    assert m.next_deadline() == clock.now + m.unproductive_after
+    clock.jump_to(m.next_deadline())
+    assert wire.tick() == [("b", 0), ("a", 1)]
+
+
 def test_an_nsqd_found_empty_is_tried_again_after_low_rdy_idle_timeout() -> None:
     """An idle consumer: the credit moves only when a waiting connection comes due, one RDY 0
     and one RDY 1 per waiting connection per low_rdy_idle_timeout (the slow probe)."""

@@ -275,11 +275,10 @@ class ConnectionSet:
             actions = self.rdy.on_messages(self.key(conn), n)
             if actions and not stale:
                 self.apply(actions)
-            rdy = self.rdy
             # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
             # that had nothing sends (those found empty before may have filled up too)
-            if rdy.budget is not None or (rdy.scarce and rdy.woken):
-                rdy.woken = False
+            if self.rdy.budget is not None or self.rdy.woken:
+                self.rdy.woken = False
                 self._timer_wakeup.set()
         if stale:
             for message in messages:

@@ -239,21 +239,27 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is None:
             return []
-        now = self.clock()
-        if self.scarce and (
-            conn.last_msg_at < conn.granted_at  # the first since its grant
-            or (not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after)
-        ):
-            self.woke_at = now  # (rdy_rotation) others found empty may have filled up too
-            self.woken = True
+        if self.scarce:
+            self._note_waking(conn)
         conn.in_flight += n
-        conn.last_msg_at = now
+        conn.last_msg_at = self.clock()
         conn.remaining = max(0, conn.remaining - n)
         if self.budget is not None:
             before = rdy_budget.snapshot(self)
             self._refill(key, conn)
             return rdy_budget.fit(self, before)
         return self._refill(key, conn)
+
+    def _note_waking(self, conn: ConnRDY) -> None:
+        """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
+        after none for unproductive_after, means a producer may be publishing again, and nsqds
+        found empty before may have filled up too (rdy_rotation)."""
+        now = self.clock()
+        if conn.last_msg_at < conn.granted_at or (
+            not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after
+        ):
+            self.woke_at = now
+            self.woken = True
 
     def _refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
         if self.in_backoff or self.max_in_flight == 0:

@@ -258,14 +258,14 @@ class Config:
         "duration",
         0.1,
         300.0,
-        doc="When max_in_flight < connections, a connection with RDY that received nothing for this long gives its credit to another.",
+        doc="When max_in_flight < connections (or a backoff probe is out): how long after an nsqd was found empty it is tried again (the slow probe of an idle consumer); an nsqd that sends nothing gives its credit on at once, see docs/consumer.md.",
     )
     rdy_redistribute_interval: float = _opt(
         5.0,
         "duration",
         0.001,
         300.0,
-        doc="How often RDY credit is redistributed when max_in_flight < connections.",
+        doc="When max_in_flight < connections: the longest a busy connection keeps its credit while another nsqd may have messages.",
     )
     # --- producer
     max_msg_size: int | None = _opt(

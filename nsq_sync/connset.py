@@ -299,7 +299,10 @@ class ConnectionSet:
             observer = self.observer
             if observer is not None:
                 observer.received(conn.address, n, self.in_flight_of(key))
-            if self.rdy.budget is not None:  # a budgeted run's deadlines follow messages
+            # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
+            # that had nothing sends (those found empty before may have filled up too)
+            if self.rdy.budget is not None or self.rdy.woken:
+                self.rdy.woken = False
                 self._timer_wakeup.set()
         if stale:
             for message in messages:

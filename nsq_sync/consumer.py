@@ -161,6 +161,7 @@ class Consumer:
             clock=time.monotonic,
             # nsqd may hold what it sent in its output buffer for output_buffer_timeout
             settle=1.0 + (cfg.output_buffer_timeout or 0.0),
+            buffering=cfg.output_buffer_timeout or 0.0,
         )
         self._build(resolve_runtime(runtime), direct, lookupds, concurrency, giving_up)
         self._stop_clean = False

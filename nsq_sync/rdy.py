@@ -12,22 +12,18 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   ``max_in_flight // connections`` (the remainder goes to the first connections), never above the
   nsqd's ``max_rdy_count``;
 * a connection whose remaining RDY falls to 25 % of the last value sent (or 0) gets an update;
-* when ``max_in_flight`` < connections, not everyone can hold RDY 1: every
-  ``rdy_redistribute_interval`` credit is taken back from connections idle for longer than
-  ``low_rdy_idle_timeout`` and from connections that held it for a whole interval, and handed to
-  connections chosen at random, so every nsqd with messages is eventually served; and credit
-  follows the messages: a connection that was delivering when its credit was taken is
-  *productive*, and while one waits, a holder whose nsqd sent nothing within
-  ``unproductive_after`` of its grant (nsqd sends at once when it has messages) hands its credit
-  to a productive connection straight away, rather than sitting on it for a whole interval (with
-  data on one nsqd of two and max_in_flight 1, consumption went ~5 s on, ~5 s off). With no
-  productive connection waiting (an idle consumer) nothing changes: no extra RDY traffic;
+* when ``max_in_flight`` < connections, not everyone can hold RDY 1: credit follows the nsqds
+  that have messages. A holder whose nsqd sends nothing for ``unproductive_after`` gives its
+  credit to a connection not tried recently, and one that held it for
+  ``rdy_redistribute_interval`` to one that is waiting for it, so every nsqd is served; an idle
+  consumer moves credit only as a slow probe (``nsq_sync.rdy_rotation`` says how, and the
+  bound on a stall);
 * backoff is global: a failure raises the level, sends RDY 0 everywhere and waits
-  ``backoff.compute(level)``; then one random connection gets RDY 1 to test the water (moved to
-  another connection if its nsqd sends nothing for ``low_rdy_idle_timeout``; sent when a
-  connection joins or the consumer resumes if nobody could take it at expiry). A success
-  lowers the level (full RDY returns at level 0), a failure raises it. Only one result counts per
-  backoff window: results that arrive while the timer runs are ignored;
+  ``backoff.compute(level)``; then one connection gets RDY 1 to test the water (the one most
+  likely to have messages, moved on by the same rules as scarce credit when its nsqd sends
+  nothing; sent when a connection joins or the consumer resumes if nobody could take it at
+  expiry). A success lowers the level (full RDY returns at level 0), a failure raises it. Only
+  one result counts per backoff window: results that arrive while the timer runs are ignored;
 * a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
   the nsqds never hold credit for more messages than the run will handle
   (``nsq_sync.rdy_budget`` says how, and why it matters).
@@ -39,7 +35,7 @@ import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from nsq_sync import rdy_budget
+from nsq_sync import rdy_budget, rdy_rotation
 from nsq_sync.backoff import ExponentialBackoff
 
 Action = tuple[Hashable, int]
@@ -59,7 +55,9 @@ class ConnRDY:
     in_flight: int = 0
     last_msg_at: float = 0.0
     granted_at: float = 0.0  # when rdy last went from 0 to > 0
-    productive: bool = False  # it was delivering when its credit was last taken back
+    released_at: float = 0.0  # when rdy last went from > 0 to 0 (0: never held credit)
+    productive: bool = False  # it had delivered since its grant when its credit was taken
+    answered_at: float = 0.0  # when credit was scarce: when its last message was answered
     cap: int = 0  # a budgeted run: most its nsqd may hold in flight (see rdy_budget)
     lowered_at: float = 0.0  # a budgeted run: when its RDY was last lowered
     reclaimed_at: float = 0.0  # a budgeted run: when its idle credit was last taken back
@@ -74,13 +72,16 @@ class RDYManager:
     Args:
         max_in_flight: total credit (0 pauses the consumer).
         backoff: the strategy, or None to disable backoff.
-        low_rdy_idle_timeout: seconds without messages after which credit is reclaimed
-            (only when credit is scarce or while backing off).
-        redistribute_interval: seconds between redistributions when credit is scarce.
+        low_rdy_idle_timeout: when credit is scarce (or a backoff probe is out), seconds
+            after which an nsqd found empty is tried again.
+        redistribute_interval: when credit is scarce, the longest a connection holds credit
+            while another is waiting for it.
         clock: monotonic seconds.
         rng: choices of connections.
         settle: a budgeted run: seconds after which a message nsqd sent before an RDY was
             lowered is assumed to have arrived (default max(1, unproductive_after)).
+        buffering: seconds nsqd may hold a message in its output buffer
+            (``output_buffer_timeout``): a holder is found empty only after longer than that.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class RDYManager:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         settle: float | None = None,
+        buffering: float = 0.0,
     ) -> None:
         self.max_in_flight = max_in_flight
         self.backoff = backoff
@@ -104,10 +106,21 @@ class RDYManager:
         self.backoff_level = 0
         self.backoff_until: float | None = None  # timer running until then
         self.testing = False  # timer expired, one connection probes with RDY 1
-        self.next_redistribute = 0.0
-        #: how soon a holder that delivered nothing since its grant gives credit to a productive
-        #: connection (nsqd with messages sends as soon as it gets RDY)
-        self.unproductive_after = max(0.1, min(low_rdy_idle_timeout, redistribute_interval) / 10)
+        #: how soon a holder whose nsqd sent nothing (since its grant, last message or last
+        #: answer) is found empty: nsqd with messages sends as soon as it gets RDY
+        self.unproductive_after = max(
+            0.1, min(low_rdy_idle_timeout, redistribute_interval) / 10, buffering + 0.1
+        )
+        #: how soon an nsqd found empty is tried again (see rdy_rotation)
+        self.probe_interval = low_rdy_idle_timeout
+        #: True when max_in_flight cannot give every connection RDY 1 (kept by
+        #: _recompute_shares: read on the hot path)
+        self.scarce = False
+        #: when scarce: when a connection last got a message after none for a while (the first
+        #: since its grant, or after unproductive_after without): others found empty before
+        #: may have filled up too (rdy_rotation)
+        self.woke_at = 0.0
+        self.woken = False  # woke_at moved: the caller wakes the RDY timer (and clears this)
         #: a budgeted run: how long after an RDY is lowered a message sent on the old value is
         #: assumed to have arrived (see rdy_budget; the consumer adds nsqd's output buffering)
         self.settle = max(1.0, self.unproductive_after) if settle is None else settle
@@ -129,11 +142,6 @@ class RDYManager:
     def in_backoff(self) -> bool:
         return self.backoff_level > 0
 
-    @property
-    def scarce(self) -> bool:
-        """True when max_in_flight cannot give every connection RDY 1."""
-        return 0 < self.max_in_flight < len(self.conns)
-
     def share(self, key: Hashable) -> int:
         """The even split of max_in_flight for ``key`` (>= 1), capped by its max_rdy_count."""
         return self._shares.get(key, 0)
@@ -142,6 +150,7 @@ class RDYManager:
         # Cached: on_message (the hot path) reads shares for every message.
         n = len(self.conns)
         self._shares = {}
+        self.scarce = 0 < self.max_in_flight < n
         if n == 0 or self.max_in_flight == 0:
             return
         base, extra = divmod(self.max_in_flight, n)
@@ -170,14 +179,9 @@ class RDYManager:
         deadlines = []
         if self.backoff_until is not None:
             deadlines.append(self.backoff_until)
-        if self.scarce and not self.in_backoff:
-            deadlines.append(self.next_redistribute)
-        probe_idle_at = self._probe_idle_deadline()
-        if probe_idle_at is not None:
-            deadlines.append(probe_idle_at)
-        unproductive_at = self._unproductive_deadline()
-        if unproductive_at is not None:
-            deadlines.append(unproductive_at)
+        rotation_at = rdy_rotation.deadline(self)
+        if rotation_at is not None:
+            deadlines.append(rotation_at)
         if self.budget is not None:
             budget_at = rdy_budget.deadline(self)
             if budget_at is not None:
@@ -235,6 +239,8 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is None:
             return []
+        if self.scarce:
+            self._note_waking(conn)
         conn.in_flight += n
         conn.last_msg_at = self.clock()
         conn.remaining = max(0, conn.remaining - n)
@@ -243,6 +249,17 @@ class RDYManager:
             self._refill(key, conn)
             return rdy_budget.fit(self, before)
         return self._refill(key, conn)
+
+    def _note_waking(self, conn: ConnRDY) -> None:
+        """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
+        after none for unproductive_after, means a producer may be publishing again, and nsqds
+        found empty before may have filled up too (rdy_rotation)."""
+        now = self.clock()
+        if conn.last_msg_at < conn.granted_at or (
+            not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after
+        ):
+            self.woke_at = now
+            self.woken = True
 
     def _refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
         if self.in_backoff or self.max_in_flight == 0:
@@ -281,7 +298,7 @@ class RDYManager:
         backoff level to step down), and return True; False (nothing counted) otherwise, and
         the caller calls :meth:`on_finish` for each. Workers finish whole batches through here.
         """
-        if self.backoff_level:
+        if self.backoff_level or self.scarce:  # scarce: an answer may free the credit
             return False
         conn = self.conns.get(key)
         if self.budget is not None and not rdy_budget.quiet_answers_fit(self, key, n):
@@ -335,15 +352,9 @@ class RDYManager:
             self.backoff_until = None
             self.testing = True
             return self._probe()
-        probe_idle_at = self._probe_idle_deadline()
-        if probe_idle_at is not None and now >= probe_idle_at:
-            return self._move_probe()
-        unproductive_at = self._unproductive_deadline()
-        if unproductive_at is not None and now >= unproductive_at:
-            return self._follow_messages(now)
-        if self.scarce and not self.in_backoff and now >= self.next_redistribute:
-            self.next_redistribute = now + self.redistribute_interval
-            return self._redistribute(now)
+        rotation_at = rdy_rotation.deadline(self)
+        if rotation_at is not None and now >= rotation_at:
+            return rdy_rotation.rotate(self, now)
         return []
 
     # ------------------------------------------------------------------ internals
@@ -353,6 +364,7 @@ class RDYManager:
         if conn.rdy == 0 and count > 0:
             conn.granted_at = self.clock()
         elif conn.rdy > 0 and count == 0:
+            conn.released_at = self.clock()
             conn.productive = self._delivered_since_grant(conn)
         self._total += count - conn.rdy
         conn.rdy = count
@@ -363,6 +375,8 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
+            if self.scarce or self.testing:  # its credit may be free now (rdy_rotation)
+                conn.answered_at = self.clock()
 
     def _trim_to_shares(self) -> list[Action]:
         """Lower every connection above its share (or to 0 while paused / backing off)."""
@@ -397,79 +411,20 @@ class RDYManager:
         self.rng.shuffle(idle)
         return [self._set(k, 1) for k in idle[: max(0, available)]]
 
-    def _redistribute(self, now: float) -> list[Action]:
-        actions = []
-        waiting = any(c.rdy == 0 for c in self.conns.values())
-        for key, conn in self.conns.items():
-            if conn.rdy == 0:
-                continue
-            idle = now - max(conn.last_msg_at, conn.granted_at) > self.low_rdy_idle_timeout
-            held_long = waiting and now - conn.granted_at >= self.redistribute_interval
-            if idle or held_long:
-                actions.append(self._set(key, 0))
-        # hand the credit to random connections, including ones just reclaimed: a fair draw
-        available = self.max_in_flight - self.total_rdy
-        candidates = [k for k, c in self.conns.items() if c.rdy == 0]
-        chosen = self.rng.sample(candidates, min(len(candidates), max(0, available)))
-        zeroed = {k for k, _ in actions}
-        for key in chosen:
-            if key in zeroed:
-                # it keeps its credit: drop the RDY 0 decided above instead of sending 0 then 1
-                actions = [a for a in actions if a[0] != key]
-                self._set(key, 1)
-            else:
-                actions.append(self._set(key, 1))
-        return actions
-
     @staticmethod
     def _delivered_since_grant(conn: ConnRDY) -> bool:
         return conn.last_msg_at >= conn.granted_at and conn.last_msg_at > 0
 
-    def _unproductive_deadline(self) -> float | None:
-        """When the first holder that has delivered nothing since its grant should hand its
-        credit to a productive waiting connection; None when no productive one waits."""
-        if not self.scarce or self.in_backoff:
-            return None
-        if not any(c.rdy == 0 and c.productive for c in self.conns.values()):
-            return None
-        idle = [
-            c.granted_at + self.unproductive_after
-            for c in self.conns.values()
-            if c.rdy > 0 and not self._delivered_since_grant(c)
-        ]
-        return min(idle) if idle else None
-
-    def _follow_messages(self, now: float) -> list[Action]:
-        """Take credit from holders that delivered nothing since their grant and give it to
-        productive waiting connections (at random among them)."""
-        actions = []
-        for key, conn in self.conns.items():
-            idle_since_grant = now - conn.granted_at >= self.unproductive_after
-            if conn.rdy > 0 and idle_since_grant and not self._delivered_since_grant(conn):
-                actions.append(self._set(key, 0))
-        reclaimed = {k for k, _ in actions}
-        # productive connections first, then any other waiting one, then the reclaimed ones:
-        # credit is never left unused
-        waiting = [k for k, c in self.conns.items() if c.rdy == 0]
-        self.rng.shuffle(waiting)
-        waiting.sort(key=lambda k: (not self.conns[k].productive, k in reclaimed))
-        available = self.max_in_flight - self.total_rdy
-        for key in waiting[: max(0, available)]:
-            if key in reclaimed:
-                actions = [a for a in actions if a[0] != key]  # keeps it: no RDY 0 then 1
-                self._set(key, 1)
-            else:
-                actions.append(self._set(key, 1))
-        return actions
-
     def _probe(self) -> list[Action]:
-        """Backoff timer expired: RDY 1 to one random connection.
+        """Backoff timer expired: RDY 1 to the connection most likely to have messages.
 
         With no connection, or while paused (max_in_flight 0), the probe waits (``testing``
         stays set): the next connection to join, or the resume, sends it."""
         if not self.conns or self.max_in_flight == 0:
             return []
-        key = self.rng.choice(list(self.conns))
+        order = rdy_rotation.best(self, list(self.conns))
+        # one that was delivering first: the probe needs a message to test the handler with
+        key = next((k for k in order if self.conns[k].productive), order[0])
         return [self._set(key, 1)]
 
     def _probe_if_none(self) -> list[Action]:
@@ -477,22 +432,6 @@ class RDYManager:
         if self.testing and self.total_rdy == 0:
             return self._probe()
         return []
-
-    def _probe_idle_deadline(self) -> float | None:
-        """When the probe should move: its connection got no message for low_rdy_idle_timeout
-        (its nsqd may have nothing to send; go-nsq redistributes during backoff too)."""
-        if not self.testing or self.backoff_until is not None or len(self.conns) < 2:
-            return None
-        for conn in self.conns.values():
-            if conn.rdy > 0 and conn.in_flight == 0:
-                return max(conn.last_msg_at, conn.granted_at) + self.low_rdy_idle_timeout
-        return None
-
-    def _move_probe(self) -> list[Action]:
-        holder = next(k for k, c in self.conns.items() if c.rdy > 0)
-        others = [k for k in self.conns if k != holder]
-        key = self.rng.choice(others)
-        return [self._set(holder, 0), self._set(key, 1)]
 
     def _result(self, success: bool) -> list[Action]:
         if self.backoff is None:

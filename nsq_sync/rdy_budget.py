@@ -62,14 +62,17 @@ __all__ = [
 
 _Event = TypeVar("_Event", bound=Callable[..., "list[Action]"])
 
-#: per connection, (RDY, cap, granted_at) before an event
-Snapshot = dict[Hashable, tuple[int, int, float]]
+#: per connection, (RDY, cap, granted_at, released_at, productive) before an event
+Snapshot = dict[Hashable, tuple[int, int, float, float, bool]]
 
 
 def snapshot(m: RDYManager) -> Snapshot:
-    """Every connection's (RDY as nsqd was last told, cap, grant time), taken before an
-    event."""
-    return {key: (conn.rdy, conn.cap, conn.granted_at) for key, conn in m.conns.items()}
+    """Every connection's (RDY as nsqd was last told, cap, grant and release times, whether it
+    was productive), taken before an event."""
+    return {
+        key: (conn.rdy, conn.cap, conn.granted_at, conn.released_at, conn.productive)
+        for key, conn in m.conns.items()
+    }
 
 
 def fitted(event: _Event) -> _Event:
@@ -160,8 +163,10 @@ def fit(m: RDYManager, before: Snapshot, answered: Hashable = None) -> list[Acti
             conn.lowered_at = now
         elif conn.rdy > was:
             increases.append((key, conn.rdy))
-        else:  # a raise cut back (or none): no grant reached nsqd
-            conn.granted_at = before[key][2] if key in before else 0.0
+        elif key in before:  # a raise cut back (or none): no grant or release reached nsqd
+            _, _, conn.granted_at, conn.released_at, conn.productive = before[key]
+        else:
+            conn.granted_at = conn.released_at = 0.0
     return decreases + increases
 
 
@@ -279,5 +284,6 @@ def _wanting(m: RDYManager) -> set[Hashable]:
 
 
 def _since(conn: ConnRDY) -> float:
-    """Since when a connection holding credit has been idle: its grant or last message."""
-    return max(conn.last_msg_at, conn.granted_at)
+    """Since when a connection holding credit has been idle: its grant, last message or (when
+    credit is scarce) the answer that emptied it."""
+    return max(conn.last_msg_at, conn.granted_at, conn.answered_at)

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "foundations",
         {"config", "durations", "_addresses", "_fork", "runtime", "_tls", "_envelope", "_observe"},
     ),
-    ("policy", {"rdy", "rdy_budget", "backoff"}),
+    ("policy", {"rdy", "rdy_budget", "rdy_rotation", "backoff"}),
     (
         "I/O",
         {"transport", "handshake", "connection", "_requests", "_http_base", "http", "lookupd"},

@@ -33,7 +33,7 @@ class Nsqd:
     messages: int  # ready to send
     rdy: int = 0  # the last RDY it processed
     in_flight: int = 0
-    inbound: deque[tuple[str, int]] = field(default_factory=deque)  # client -> nsqd
+    inbound: deque[tuple[str, int, float]] = field(default_factory=deque)  # client -> nsqd (sent)
     outbound: deque[float] = field(default_factory=deque)  # nsqd -> client (when sent)
 
 
@@ -61,14 +61,14 @@ class World:
 
     def send(self, actions: list[tuple[object, int]]) -> None:
         for key, count in actions:
-            self.nsqds[str(key)].inbound.append(("RDY", count))
+            self.nsqds[str(key)].inbound.append(("RDY", count, self.now))
 
     # -- steps
 
     def nsqd_reads(self, key: str) -> None:
         nsqd = self.nsqds[key]
         if nsqd.inbound:
-            command, count = nsqd.inbound.popleft()
+            command, count, _ = nsqd.inbound.popleft()
             if command == "RDY":
                 nsqd.rdy = count
             else:
@@ -102,7 +102,7 @@ class World:
             self.send(self.m.on_finish(None))  # (ConnectionSet.key(): not the current one)
             return
         self.send(self.m.on_finish(key))  # the RDY update goes out first, then the FIN
-        self.nsqds[key].inbound.append(("FIN", 0))
+        self.nsqds[key].inbound.append(("FIN", 0, self.now))
 
     def reconnect(self, key: str) -> None:
         """The connection closes and is dialled again: nsqd requeues what was in flight on it
@@ -118,10 +118,17 @@ class World:
         self.send(self.m.add(key, 2500))
 
     def tick(self, seconds: float) -> None:
-        # The one assumption (rdy_budget's settle): a message nsqd sent arrives within
-        # `settle` seconds. Those that would be older than that by now have arrived.
+        # The one assumption (rdy_budget's settle): a message nsqd sent before it saw a lower
+        # RDY arrives within `settle` seconds of the lowering. Modelled as: nsqd reads a
+        # command, and the client a message, within settle / 2 of its sending; those that
+        # would be older than that by now have been read. (Before, only messages were bounded:
+        # an RDY 0 could wait in nsqd's queue for ever, and the model broke the assumption it
+        # checks; 3000 examples found it.)
+        half = self.m.settle / 2
         for key, nsqd in self.nsqds.items():
-            while nsqd.outbound and nsqd.outbound[0] + self.m.settle <= self.now + seconds:
+            while nsqd.inbound and nsqd.inbound[0][2] + half <= self.now + seconds:
+                self.nsqd_reads(key)
+            while nsqd.outbound and nsqd.outbound[0] + half <= self.now + seconds:
                 self.client_reads(key)
         self.now += seconds
         deadline = self.m.next_deadline()

@@ -79,7 +79,8 @@ def _task() -> tuple[str, dict[str, Any]]:
         ctx = None
     if ctx is None:
         return f"x{uuid.uuid4().hex[:12]}", {}
-    if (ctx.getLocalProperty("spark.speculation") or "").strip().lower() == "true":
+    speculation = ctx.getLocalProperty("spark.speculation")
+    if (speculation or "").strip().lower() == "true":
         raise ConfigError(
             "the parallel nsq source does not support spark.speculation=true: two attempts of "
             "one partition would both consume; set spark.speculation=false"
@@ -89,6 +90,7 @@ def _task() -> tuple[str, dict[str, Any]]:
         "partition_id": ctx.partitionId(),
         "attempt": ctx.attemptNumber(),
         "task_attempt_id": ctx.taskAttemptId(),
+        "speculation": speculation,
     }
     return f"a{ctx.taskAttemptId()}", info
 

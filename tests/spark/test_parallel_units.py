@@ -233,3 +233,30 @@ def test_an_unwritable_staging_location_fails_naming_it(tmp_path: Path) -> None:
     ok = NsqDataSource({**source.options, "staging_location": str(tmp_path / "ok")})
     assert isinstance(ok.streamReader(source_struct()), NsqParallelStreamReader)
     assert not any((tmp_path / "ok").iterdir())  # the probe file is gone
+
+
+def test_speculation_is_refused_before_anything_is_consumed(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """Spark hands the session's settings to tasks as local properties: with
+    spark.speculation=true two attempts of a partition could both consume."""
+    from pyspark import TaskContext
+
+    preload(nsqd.tcp_address, nsq_topic, 10)
+    options = _options(nsqd, nsq_topic, tmp_path)
+    TaskContext._setTaskContext(None)
+    context = TaskContext._getOrCreate()
+    context.__init__(  # type: ignore[misc]
+        stageId=1,
+        partitionId=0,
+        attemptNumber=0,
+        taskAttemptId=7,
+        localProperties={"spark.speculation": "true"},
+    )
+    try:
+        with pytest.raises(ConfigError, match="spark.speculation=true"):
+            list(read_partition(NsqPartition(1, 0, 10), options, Staging(str(tmp_path)), NAMES))
+    finally:
+        TaskContext._setTaskContext(None)
+    assert Staging(str(tmp_path)).batches() == []
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # never subscribed

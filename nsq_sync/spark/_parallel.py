@@ -92,12 +92,15 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         """The first offset of a new query (no checkpoint yet).
 
         Raises:
-            ConfigError: the staging location holds another query's batches (their messages
-                were FINed and exist only there: use an empty location, or delete them).
+            ConfigError: the staging location holds batches other than the first (another
+                query's: their messages were FINed and exist only there; use an empty
+                location, or delete them).
         """
         if not self._checked_leftovers:
             self._checked_leftovers = True
-            leftovers = self.staging.batches()
+            # Spark also starts from here when it restarts a query that never committed a
+            # batch: then batch 1 is staged and replays. Anything else is another query's.
+            leftovers = [b for b in self.staging.batches() if b != 1]
             if leftovers:
                 raise ConfigError(
                     f"option staging_location {self.options.staging_location!r} holds staged "

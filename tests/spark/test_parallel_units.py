@@ -174,6 +174,10 @@ def test_a_new_query_refuses_a_staging_location_with_batches_in_it(
     nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
     options = _options(nsqd, nsq_topic, tmp_path)
+    (tmp_path / "batch-1" / "part-0").mkdir(parents=True)
+    # A query restarted before its first commit starts from the initial offset again and
+    # replays its staged first batch:
+    assert NsqParallelStreamReader(options, source_struct()).initialOffset()["batch"] == 0
     (tmp_path / "batch-4" / "part-0").mkdir(parents=True)
     reader = NsqParallelStreamReader(options, source_struct())
     with pytest.raises(ConfigError, match=r"staging_location .* holds staged batches \[4\]"):

@@ -111,7 +111,13 @@ def _source(spark: Any, http: Any, nsqd: Any, topic: str, checkpoint: Path, **op
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     channel = http.channel_stats(topic, "spark", include_clients=False) or {}
     rows = sum(p["numInputRows"] for p in query.recentProgress)
+    phases: dict[str, float] = {}
+    for p in query.recentProgress:  # where Spark's time went, in seconds
+        for key, ms in (p.get("durationMs") or {}).items():
+            phases[key] = phases.get(key, 0.0) + ms / 1000
     return {
+        "phases_s": {k: round(v, 2) for k, v in sorted(phases.items())},
+        "batches": len(query.recentProgress),
         "seconds": seconds,
         "rows_read": rows,
         "rows_per_s": rows / seconds,

@@ -56,6 +56,8 @@ _IDLE_POLL = 0.5
 #: seconds between looks at /stats while availableNow waits for in-flight messages to return
 _IN_FLIGHT_POLL = 0.5
 _HTTP_TIMEOUT = 5.0
+#: seconds availableNow keeps asking an nsqd that does not answer /stats
+_STATS_RETRY = 30.0
 
 
 def require_admission_control() -> None:
@@ -127,7 +129,7 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         max_rows = self.options.max_messages_per_batch
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             max_rows = max(1, min(max_rows, int(limit.max_rows)))
-        depth, in_flight = self._channel_depth()
+        depth, in_flight = self._stats()
         if depth == 0 and in_flight and self._available_now:
             depth = self._wait_for_in_flight()
         if depth > 0:
@@ -176,11 +178,30 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
                 log.warning("nsq source: lookupd %s: %s", lookupd, exc)
         return sorted(set(found))
 
-    def _channel_depth(self) -> tuple[int, int]:
-        """(messages waiting for the channel, messages in flight on it), over every nsqd.
-        A missing channel counts its topic's depth (nsqd hands those to the first channel)."""
+    def _stats(self) -> tuple[int, int]:
+        """:meth:`_channel_depth`; with availableNow an nsqd that does not answer is asked
+        again for up to ``_STATS_RETRY`` seconds (it may be restarting), then the query fails:
+        ending it would leave that nsqd's messages unread without a word."""
+        deadline = time.monotonic() + _STATS_RETRY
+        while True:
+            depth, in_flight, failed = self._channel_depth()
+            if not failed or not self._available_now:
+                return depth, in_flight
+            if time.monotonic() >= deadline:
+                raise NSQError(
+                    f"nsq source: no /stats from nsqd {', '.join(failed)} for "
+                    f"{_STATS_RETRY:g} s; availableNow cannot tell whether "
+                    f"{self.options.topic}/{self.options.channel} is drained"
+                )
+            time.sleep(_IN_FLIGHT_POLL)
+
+    def _channel_depth(self) -> tuple[int, int, list[str]]:
+        """(messages waiting for the channel, messages in flight on it, nsqds that did not
+        answer), over every nsqd. A missing channel counts its topic's depth (nsqd hands those
+        to the first channel)."""
         opts = self.options
         depth = in_flight = 0
+        failed: list[str] = []
         for address in self._nsqd_http_addresses():
             try:
                 with NsqdHTTPClient(address, timeout=_HTTP_TIMEOUT) as client:
@@ -192,10 +213,11 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
                         continue
             except NSQError as exc:
                 log.warning("nsq source: nsqd %s /stats: %s", address, exc)
+                failed.append(address)
                 continue
             depth += int(chan.get("depth", 0))
             in_flight += int(chan.get("in_flight_count", 0)) + int(chan.get("deferred_count", 0))
-        return depth, in_flight
+        return depth, in_flight, failed
 
     def _wait_for_in_flight(self) -> int:
         """availableNow: messages are in flight on the channel (a killed task's, which nsqd
@@ -204,7 +226,7 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             time.sleep(_IN_FLIGHT_POLL)
-            depth, in_flight = self._channel_depth()
+            depth, in_flight = self._stats()
             if depth or not in_flight:
                 return depth
         log.warning(

@@ -223,3 +223,61 @@ def test_a_killed_python_worker_loses_nothing(
     assert all(m["info"]["pid"] not in killed for m in manifests)
     _drained(nsqd, nsq_topic)
     assert list(staging.iterdir()) == []
+
+
+def test_an_nsqd_restart_mid_batch_loses_nothing(
+    spark: Any, nsqd_factory: Any, nsq_topic: str, tmp_path: Path, record_property: Any
+) -> None:
+    """nsqd restarts (gracefully: it keeps what was in flight on disk) while the executors
+    read: they reconnect and go on; what was in flight comes back, so a message staged whose
+    FIN was lost arrives twice, nothing is lost."""
+    server = nsqd_factory()
+    bodies = preload(server.tcp_address, nsq_topic, 20_000)
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    restarted = threading.Event()
+    failures: list[BaseException] = []
+
+    def restart_mid_batch() -> None:
+        try:
+            wait_for(
+                lambda: any(staging.glob("batch-*/part-*/chunk-*.arrow")),
+                "the executors to stage a chunk",
+                timeout=240,
+                interval=0.02,
+            )
+            server.restart()
+            restarted.set()
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=restart_mid_batch)
+    thread.start()
+    try:
+        query = _run(
+            _stream(
+                spark,
+                server,
+                nsq_topic,
+                staging,
+                parallelism=2,
+                chunk_size=200,
+                drain_idle_timeout="3s",
+                max_messages_per_batch=20_000,
+            ),
+            lambda batch, batch_id: batch.write.mode("append").parquet(str(out)),
+            tmp_path / "checkpoint",
+        )
+        assert query.awaitTermination(300), "availableNow did not end"
+    finally:
+        thread.join(300)
+    assert not failures, failures
+    assert restarted.is_set()
+    assert query.exception() is None
+    seen = _bodies(spark, out)
+    assert set(seen) == set(bodies)  # nothing lost
+    duplicates = sum(seen.values()) - len(seen)
+    record_property("duplicates", duplicates)
+    # Only messages in flight at the restart can come back: at most max_in_flight per partition.
+    assert duplicates <= 2 * 2500
+    _drained(server, nsq_topic)
+    assert list(staging.iterdir()) == []

@@ -7,8 +7,11 @@ adopts the chunks a failed attempt staged (their messages were FINed: they exist
 then consumes with a :class:`~nsq_sync.batch.BatchConsumer` of its own: each batch of up to
 ``chunk_size`` messages is written to the staging location as one Arrow IPC chunk, and only
 when the chunk is complete does the batch consumer FIN its messages, on the connections that
-delivered them. It stops after ``max_rows`` messages, ``drain_idle_timeout`` seconds without
-one, or ``partition_timeout``; then it writes the MANIFEST and yields the rows.
+delivered them; each staged chunk goes to Spark at once (the consumer runs on a thread of its
+own). It stops after ``max_rows`` messages, ``drain_idle_timeout`` seconds without one, or
+``partition_timeout``; then it writes the MANIFEST. Spark keeps a task's rows only if the task
+succeeds, that is after the MANIFEST: a successful attempt's rows are exactly the chunks listed
+there, and a failed attempt's chunks are adopted by the next one.
 
 A message received but not yet staged when the worker dies is not FINed: nsqd delivers it again
 (at once if the consumer could requeue it, after ``msg_timeout`` if the process was killed).
@@ -19,6 +22,8 @@ never left the process.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -125,12 +130,16 @@ def read_partition(
     adopted_batches = [list(stage.read_chunk(name)) for name in adopted]
     adopted_rows = [sum(b.num_rows for b in batches) for batches in adopted_batches]
     remaining = partition.max_rows - sum(adopted_rows)
+    for adopted_batch in adopted_batches:
+        yield from adopted_batch
     chunks: list[str] = []
     rows: list[int] = []
-    batches: list[Any] = []
-    summary = None
+    summary: list[Any] = []
     if remaining > 0:
-        summary = _consume(stage, attempt, remaining, options, names, chunks, rows, batches)
+        # The rows go to Spark while the partition consumes: if the task fails, Spark drops
+        # its output and the next attempt adopts the chunks; if it succeeds, its output is
+        # exactly the chunks the MANIFEST lists.
+        yield from _consume(stage, attempt, remaining, options, names, chunks, rows, summary)
     stage.write_manifest(
         adopted + chunks,
         adopted_rows + rows,
@@ -146,11 +155,8 @@ def read_partition(
         len(chunks),
         sum(adopted_rows),
         time.monotonic() - started,
-        summary.reason if summary is not None else "nothing to consume",
+        summary[0].reason if summary else "nothing to consume",
     )
-    for adopted_batch in adopted_batches:
-        yield from adopted_batch
-    yield from batches
 
 
 def _consume(
@@ -161,10 +167,16 @@ def _consume(
     names: list[str],
     chunks: list[str],
     rows: list[int],
-    batches: list[Any],
-) -> Any:
-    """Consume up to ``limit`` messages, staging each chunk before its messages are FINed."""
+    summary: list[Any],
+) -> Iterator[Any]:
+    """Consume up to ``limit`` messages, staging each chunk before its messages are FINed, and
+    yield each chunk once it is staged. The consumer runs on a thread of its own; closing the
+    generator early (Spark stopped reading) stops it: what it staged is adopted by the next
+    read of the partition, what it did not stage is requeued."""
     failed: list[BaseException] = []
+    crashed: list[BaseException] = []
+    staged: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    end = object()
 
     def stage_chunk(messages: list[Message]) -> None:
         try:
@@ -181,7 +193,7 @@ def _consume(
             raise
         chunks.append(name)
         rows.append(batch.num_rows)
-        batches.append(batch)
+        staged.put(batch)
 
     consumer = BatchConsumer(
         options.topic,
@@ -194,14 +206,34 @@ def _consume(
         config=options.config,
         runtime="threads",
     )
-    summary = consumer.run(
-        timeout=options.partition_timeout,
-        idle_timeout=options.drain_idle_timeout,
-        max_messages=limit,
-    )
+
+    def run() -> None:
+        try:
+            summary.append(
+                consumer.run(
+                    timeout=options.partition_timeout,
+                    idle_timeout=options.drain_idle_timeout,
+                    max_messages=limit,
+                )
+            )
+        except BaseException as exc:  # re-raised on the reading thread
+            crashed.append(exc)
+        finally:
+            staged.put(end)
+
+    thread = threading.Thread(target=run, name="nsq_sync-spark-partition", daemon=True)
+    thread.start()
+    try:
+        while (batch := staged.get()) is not end:
+            yield batch
+    finally:
+        if thread.is_alive():  # the generator was closed early
+            consumer.stop()
+        thread.join()
     if failed:
         raise RuntimeError(
             f"nsq source: staging a chunk of batch {stage.batch} partition {stage.index} in "
             f"{stage.staging.location!r} failed: {failed[0]!r} (its messages were requeued)"
         ) from failed[0]
-    return summary
+    if crashed:
+        raise crashed[0]

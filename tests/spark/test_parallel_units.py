@@ -264,3 +264,24 @@ def test_speculation_is_refused_before_anything_is_consumed(
         TaskContext._setTaskContext(None)
     assert Staging(str(tmp_path)).batches() == []
     assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # never subscribed
+
+
+def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """Spark may stop reading a partition (a limit): the consumer stops, what was staged is
+    adopted by the next read of the partition, nothing else is taken from the channel."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 400)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
+    staging = Staging(str(tmp_path))
+    reader = read_partition(NsqPartition(1, 0, 300), options, staging, NAMES)
+    first = next(reader)
+    reader.close()
+    stage = staging.partition(1, 0)
+    assert stage.manifest() is None and stage.complete_chunks()
+    staged = sum(stage.chunk_rows(name) for name in stage.complete_chunks())
+    assert _settled(nsqd, nsq_topic)["depth"] == 400 - staged  # the rest was requeued
+    rows = _bodies(read_partition(NsqPartition(1, 0, 300), options, staging, NAMES))
+    assert rows[: first.num_rows] == first.column("body").to_pylist()
+    assert len(rows) == 300 and len(set(rows)) == 300 and set(rows) <= set(bodies)
+    assert _settled(nsqd, nsq_topic)["depth"] == 100

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -88,15 +93,34 @@ class NsqDataSource(DataSource):
         options = sink_options(self.options)
         return NsqStreamWriter(options, _sink_columns(schema, options.topic, overwrite))
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The parallel source (option ``parallelism``); without it Spark falls back to
+        :meth:`simpleStreamReader`, the driver-side source."""
+        options = source_options(self.options)
+        if not options.parallelism:
+            return super().streamReader(schema)  # raises PySparkNotImplementedError
+        from nsq_sync.spark._parallel import NsqParallelStreamReader, require_admission_control
+        from nsq_sync.spark._staging import Staging
+
+        require_admission_control()
+        expected = _source_schema(schema)
+        Staging(options.staging_location or "").check_writable()
+        return NsqParallelStreamReader(options, expected)
+
     def simpleStreamReader(self, schema: StructType) -> NsqStreamReader:
         options = source_options(self.options)
-        expected = source_struct()
-        if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
-            raise ConfigError(
-                f"the nsq source produces the columns {SOURCE_SCHEMA}; do not set another schema "
-                f"(got {schema.simpleString()})"
-            )
-        return NsqStreamReader(options, expected)
+        return NsqStreamReader(options, _source_schema(schema))
+
+
+def _source_schema(schema: StructType | None) -> StructType:
+    """The source's columns; a user schema naming other columns raises ConfigError."""
+    expected = source_struct()
+    if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
+        raise ConfigError(
+            f"the nsq source produces the columns {SOURCE_SCHEMA}; do not set another schema "
+            f"(got {schema.simpleString()})"
+        )
+    return expected
 
 
 def _sink_columns(schema: StructType, topic_option: str | None, overwrite: bool) -> dict[str, Any]:

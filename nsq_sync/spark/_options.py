@@ -51,6 +51,12 @@ class SourceOptions:
     commit_flush_after: float
     drain_idle_timeout: float
     config: Config
+    #: parallel mode (executors read; 0: the driver-side source)
+    parallelism: int = 0
+    staging_location: str | None = None
+    nsqd_http_addresses: tuple[str, ...] = ()
+    partition_timeout: float = 60.0
+    chunk_size: int = 1000
 
 
 def _split(name: str, value: str | None) -> tuple[str, ...]:
@@ -148,6 +154,11 @@ _SOURCE_OWN = frozenset(
         "max_messages_per_batch",
         "commit_flush_after",
         "drain_idle_timeout",
+        "parallelism",
+        "staging_location",
+        "nsqd_http_addresses",
+        "partition_timeout",
+        "chunk_size",
     }
 )
 
@@ -180,6 +191,10 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
         raise ConfigError(
             "the nsq source needs option nsqd_tcp_addresses or lookupd_http_addresses"
         )
+    if mine.get("parallelism") is not None:
+        return _parallel_options(mine, config_opts, names, direct, lookupds)
+    for name in sorted(_PARALLEL_ONLY & set(mine)):
+        raise ConfigError(f"option {name} needs option parallelism (the parallel mode)")
     per_batch = _int("max_messages_per_batch", mine.get("max_messages_per_batch"), 1000, 1, 10**7)
     # Batch N waits for its commit while N+1 fills: each may hold half of the credit.
     config_opts.setdefault("max_in_flight", str(2 * per_batch))
@@ -207,6 +222,76 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
             "drain_idle_timeout", mine.get("drain_idle_timeout"), 2.0, 0.05, 3600.0
         ),
         config=config,
+    )
+
+
+_PARALLEL_ONLY = frozenset(
+    {"staging_location", "nsqd_http_addresses", "partition_timeout", "chunk_size"}
+)
+
+
+def _parallel_options(
+    mine: dict[str, str],
+    config_opts: dict[str, str],
+    names: dict[str, str],
+    direct: tuple[str, ...],
+    lookupds: tuple[str, ...],
+) -> SourceOptions:
+    """The parallel mode's options: executors read, staging makes their FINs safe."""
+    parallelism = _int("parallelism", mine.get("parallelism"), 1, 1, 10_000)
+    staging = mine.get("staging_location")
+    if staging is None or not str(staging).strip():
+        raise ConfigError(
+            "option staging_location is required with parallelism: an absolute path or a "
+            "pyarrow.fs URI (hdfs://..., s3://...) every executor can write, one per query"
+        )
+    staging = str(staging).strip()
+    if "://" not in staging and not staging.startswith("/"):
+        raise ConfigError(
+            f"option staging_location must be an absolute path or a URI, got {staging!r}"
+        )
+    https = _split("nsqd_http_addresses", mine.get("nsqd_http_addresses"))
+    for address in https:
+        try:
+            parse_http_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"option nsqd_http_addresses: {exc}") from None
+    if not lookupds and len(https) != len(direct):
+        raise ConfigError(
+            "the parallel nsq source plans batches from nsqd's /stats: give "
+            "lookupd_http_addresses, or nsqd_http_addresses (one per nsqd_tcp_addresses "
+            f"entry; got {len(https)} for {len(direct)})"
+        )
+    per_batch = _int(
+        "max_messages_per_batch", mine.get("max_messages_per_batch"), 100_000, 1, 10**8
+    )
+    chunk = _int("chunk_size", mine.get("chunk_size"), 1000, 1, 1_000_000)
+    # nsqd's --max-rdy-count default: a chunk is staged while the next one arrives.
+    config_opts.setdefault("max_in_flight", str(max(2500, chunk)))
+    config_opts.setdefault("max_attempts", "0")
+    config = _config(config_opts)
+    if config.max_in_flight < chunk:
+        raise ConfigError(
+            f"option chunk_size ({chunk}) must be at most max_in_flight ({config.max_in_flight})"
+        )
+    return SourceOptions(
+        topic=names["topic"],
+        channel=names["channel"],
+        nsqd_tcp_addresses=direct,
+        lookupd_http_addresses=lookupds,
+        max_messages_per_batch=per_batch,
+        commit_flush_after=0.0,
+        drain_idle_timeout=_seconds(
+            "drain_idle_timeout", mine.get("drain_idle_timeout"), 0.5, 0.05, 3600.0
+        ),
+        config=config,
+        parallelism=parallelism,
+        staging_location=staging,
+        nsqd_http_addresses=https,
+        partition_timeout=_seconds(
+            "partition_timeout", mine.get("partition_timeout"), 60.0, 1.0, 86400.0
+        ),
+        chunk_size=chunk,
     )
 
 

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 __all__ = ["NsqCommitMessage", "NsqStreamWriter", "NsqWriter", "PartitionPublisher"]
 
 _MPUB_PER_MESSAGE = 4  # size prefix
+#: seconds between two tries of an MPUB no nsqd accepted (within publish_timeout)
+_RETRY_PAUSE = 0.25
 
 
 # What nsqd (and the Producer) hold to max_body_size is the MPUB's body: the message count,
@@ -154,6 +156,23 @@ class PartitionPublisher:
             self._producer.close()
             self._producer = None
 
+    def _publish_until_deadline(self, topic: str, bodies: list[bytes]) -> None:
+        """MPUB, trying again until ``publish_timeout``: the Producer fails at once while every
+        nsqd is backing off after a failed connect (a partition that starts while nsqd
+        restarts), which must not fail the task."""
+        producer = self._producer
+        assert producer is not None
+        deadline = time.monotonic() + (self.options.config.publish_timeout or 60.0)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                producer.multi_publish(topic, bodies, timeout=max(0.1, left))
+                return
+            except PublishError:
+                if time.monotonic() + _RETRY_PAUSE >= deadline:
+                    raise
+            time.sleep(_RETRY_PAUSE)
+
     def _publish(self, topic: str, bodies: list[bytes]) -> None:
         if self._producer is None:
             # An MPUB whose answer was lost is sent again (at least once), rather than failing
@@ -162,7 +181,7 @@ class PartitionPublisher:
                 list(self.options.nsqd_tcp_addresses), self.options.config, retry_unknown=True
             )
         try:
-            self._producer.multi_publish(topic, bodies)
+            self._publish_until_deadline(topic, bodies)
         except PublishError as exc:
             result = self.result
             raise PublishError(

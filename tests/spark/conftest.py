@@ -31,14 +31,14 @@ def _need(condition: bool, why: str) -> None:
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandaloneCluster]:
-    """A Spark master and one 2-core worker on loopback (the session's app takes one core, so
-    that a spark-submit run can take the other)."""
+    """A Spark master and one 3-core worker on loopback (the session's app takes two cores, as
+    two 1-core executors, so that a spark-submit run can take the third)."""
     _need(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install nsq_sync[spark])")
     try:
         find_java()
     except SparkClusterError as exc:
         _need(False, str(exc))
-    cluster = SparkStandaloneCluster(tmp_path_factory.mktemp("spark"), cores=2, memory="2g")
+    cluster = SparkStandaloneCluster(tmp_path_factory.mktemp("spark"), cores=3, memory="3g")
     cluster.start()
     try:
         yield cluster
@@ -56,7 +56,8 @@ def spark(
     session = spark_cluster.session(
         "nsq_sync-tests",
         **{
-            "spark.cores.max": "1",
+            # two executors: the parallel source reads in two executor processes at once
+            "spark.cores.max": "2",
             "spark.executor.cores": "1",
             "spark.executor.memory": "768m",
             "spark.driver.memory": "768m",

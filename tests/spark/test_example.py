@@ -21,7 +21,7 @@ def test_the_pipeline_example_runs_through_spark_submit(
 ) -> None:
     env = spark_cluster.env()
     env["NSQD_TCP_ADDRESS"] = nsqd.tcp_address
-    # The test session's own application holds one of the worker's two cores: take the other.
+    # The test session's own application holds two of the worker's three cores: take the third.
     confs = {
         "spark.cores.max": "1",
         "spark.executor.cores": "1",

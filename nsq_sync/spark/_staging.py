@@ -1,0 +1,223 @@
+"""The parallel source's write-ahead stage: Arrow IPC chunks and MANIFESTs through ``pyarrow.fs``.
+
+Layout under the staging location (one per query)::
+
+    <location>/batch-<b>/part-<i>/chunk-<attempt id>-<pid>-<n>.arrow   a staged chunk
+    <location>/batch-<b>/part-<i>/MANIFEST                            the partition, complete
+
+A chunk is written under a ``.tmp`` name and renamed, so a chunk file with its final name is
+complete (on object stores the rename is a copy: the final object appears whole, in one PUT).
+The messages in a chunk are FINed only after it is complete. A chunk without a MANIFEST beside it
+belongs to an attempt that failed after staging it: the next attempt of the partition adopts it.
+The MANIFEST (JSON, written the same way) lists the chunks that make up the partition; once it
+exists every later read of the partition replays exactly those chunks.
+
+Nothing here imports pyspark; pyarrow is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from nsq_sync.errors import ConfigError
+
+__all__ = ["Manifest", "PartitionStage", "Staging"]
+
+MANIFEST = "MANIFEST"
+_CHUNK_SUFFIX = ".arrow"
+_TMP = ".tmp"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a completed partition holds: its chunk files (in order) and their row counts."""
+
+    chunks: tuple[str, ...]
+    rows: tuple[int, ...]
+    adopted: int
+    info: dict[str, Any]
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows)
+
+
+class Staging:
+    """A staging location: a pyarrow filesystem and the base path on it. Picklable (the
+    filesystem is opened lazily, in the process that uses it). Thread-safe for distinct
+    partitions."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self._fs: Any = None
+        self._base = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"])  # type: ignore[misc]
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            import pyarrow.fs as pafs
+
+            if "://" in self.location:
+                self._fs, self._base = pafs.FileSystem.from_uri(self.location)
+            else:
+                self._fs, self._base = pafs.LocalFileSystem(), self.location
+            self._base = self._base.rstrip("/") or "/"
+        return self._fs
+
+    def path(self, *parts: str) -> str:
+        self.fs  # noqa: B018  (sets _base)
+        return "/".join([self._base.rstrip("/"), *parts])
+
+    def check_writable(self) -> None:
+        """Create the location if needed and write, read and delete a probe file in it.
+
+        Raises:
+            ConfigError: naming the location and what failed.
+        """
+        try:
+            fs = self.fs
+            fs.create_dir(self.path(), recursive=True)
+            probe = self.path(f".probe-{uuid.uuid4().hex}")
+            with fs.open_output_stream(probe) as out:
+                out.write(b"nsq_sync")
+            with fs.open_input_stream(probe) as inp:
+                ok = inp.read() == b"nsq_sync"
+            fs.delete_file(probe)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError, ArrowInvalid...
+            raise ConfigError(
+                f"option staging_location {self.location!r} is not writable: {exc}"
+            ) from None
+        if not ok:
+            raise ConfigError(f"option staging_location {self.location!r} did not read back")
+
+    def batches(self) -> list[int]:
+        """Batch numbers that have staging, ascending."""
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path(), allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        found = []
+        for info in infos:
+            name = info.base_name
+            if info.type == pafs.FileType.Directory and name.startswith("batch-"):
+                try:
+                    found.append(int(name[6:]))
+                except ValueError:
+                    continue
+        return sorted(found)
+
+    def delete_through(self, batch: int) -> list[int]:
+        """Delete the staging of every batch up to ``batch``; return the batch numbers deleted."""
+        done = [b for b in self.batches() if b <= batch]
+        for b in done:
+            self.fs.delete_dir(self.path(f"batch-{b}"))
+        return done
+
+    def partition(self, batch: int, index: int) -> PartitionStage:
+        return PartitionStage(self, batch, index)
+
+
+class PartitionStage:
+    """One partition's staging folder: its chunks and its MANIFEST. Not thread-safe."""
+
+    def __init__(self, staging: Staging, batch: int, index: int) -> None:
+        self.staging = staging
+        self.dir = staging.path(f"batch-{batch}", f"part-{index}")
+        self.batch = batch
+        self.index = index
+        self._made = False
+        self._count = 0
+
+    @property
+    def fs(self) -> Any:
+        return self.staging.fs
+
+    def manifest(self) -> Manifest | None:
+        """The MANIFEST, or None when no attempt completed this partition yet."""
+        try:
+            with self.fs.open_input_stream(f"{self.dir}/{MANIFEST}") as inp:
+                data = json.loads(inp.read().decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        return Manifest(
+            chunks=tuple(data["chunks"]),
+            rows=tuple(data["rows"]),
+            adopted=int(data.get("adopted", 0)),
+            info=dict(data.get("info", {})),
+        )
+
+    def complete_chunks(self) -> list[str]:
+        """Chunk files completely staged here (by any attempt), in name order."""
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.dir, allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            i.base_name
+            for i in infos
+            if i.type == pafs.FileType.File and i.base_name.endswith(_CHUNK_SUFFIX)
+        )
+
+    def _mkdir(self) -> None:
+        if not self._made:
+            self.fs.create_dir(self.dir, recursive=True)
+            self._made = True
+
+    def _put(self, name: str, write: Any) -> None:
+        """Write ``name`` completely or not at all: a temporary file, then a rename."""
+        self._mkdir()
+        tmp = f"{self.dir}/{name}.{uuid.uuid4().hex}{_TMP}"
+        with self.fs.open_output_stream(tmp) as out:
+            write(out)
+        self.fs.move(tmp, f"{self.dir}/{name}")
+
+    def write_chunk(self, batch: Any, attempt: str) -> str:
+        """Stage one Arrow RecordBatch durably; return the chunk's file name."""
+        import pyarrow as pa
+
+        self._count += 1
+        name = f"chunk-{attempt}-{os.getpid()}-{self._count:06d}{_CHUNK_SUFFIX}"
+
+        def write(out: Any) -> None:
+            with pa.ipc.new_stream(out, batch.schema) as writer:
+                writer.write_batch(batch)
+
+        self._put(name, write)
+        return name
+
+    def read_chunk(self, name: str) -> Iterator[Any]:
+        """The record batches of one staged chunk."""
+        import pyarrow as pa
+
+        with self.fs.open_input_stream(f"{self.dir}/{name}") as inp:
+            table = pa.ipc.open_stream(inp).read_all()
+        yield from table.to_batches()
+
+    def chunk_rows(self, name: str) -> int:
+        return sum(b.num_rows for b in self.read_chunk(name))
+
+    def write_manifest(
+        self, chunks: list[str], rows: list[int], adopted: int, info: dict[str, Any]
+    ) -> Manifest:
+        """Complete the partition: from now on, reads replay exactly ``chunks``."""
+        info = {"host": socket.gethostname(), "pid": os.getpid(), **info}
+        data = {"chunks": chunks, "rows": rows, "adopted": adopted, "info": info}
+        payload = json.dumps(data).encode("utf-8")
+        self._put(MANIFEST, lambda out: out.write(payload))
+        return Manifest(tuple(chunks), tuple(rows), adopted, info)

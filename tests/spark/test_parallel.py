@@ -1,0 +1,283 @@
+"""The parallel nsq source on a real Spark standalone cluster (two executors) against a real nsqd
+at its defaults: executors consume and stage, every body arrives once, the staging location is
+left empty, a killed Python worker and a re-run batch lose nothing."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_helpers import channel, preload
+from support.nsq import wait_for
+
+pytestmark = pytest.mark.slow
+
+CHANNEL = "spark"
+
+
+def _stream(spark: Any, nsqd: Any, topic: str, staging: Path | str, **options: Any) -> Any:
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", nsqd.tcp_address)
+        .option("nsqd_http_addresses", nsqd.http_address)
+        .option("topic", topic)
+        .option("channel", CHANNEL)
+        .option("staging_location", str(staging))
+    )
+    for key, value in {"parallelism": 4, **options}.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def _run(df: Any, sink: Any, checkpoint: Path) -> Any:
+    return (
+        df.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def _manifests(staging: Path) -> list[dict[str, Any]]:
+    """Every MANIFEST staged now (a batch's staging lives until Spark commits the batch)."""
+    return [json.loads(p.read_text()) for p in sorted(staging.glob("batch-*/part-*/MANIFEST"))]
+
+
+def _drained(nsqd: Any, topic: str) -> dict[str, Any]:
+    stats: dict[str, Any] = wait_for(
+        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
+        "nothing in flight",
+        timeout=30,
+    )
+    assert stats["depth"] == 0
+    return stats
+
+
+def _bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
+    rows = spark.read.parquet(str(path)).select("body").collect()
+    return collections.Counter(bytes(r.body) for r in rows)
+
+
+def test_available_now_reads_on_the_executors_into_parquet_once(
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    bodies = preload(nsqd.tcp_address, nsq_topic, 10_000)
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    manifests: list[dict[str, Any]] = []
+    batch_rows: list[int] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        batch.write.mode("append").parquet(str(out))
+        manifests.extend(_manifests(staging))  # before Spark commits this batch
+        batch_rows.append(batch.count())  # a second action on the batch replays its staging
+
+    query = _run(
+        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=5000),
+        sink,
+        tmp_path / "checkpoint",
+    )
+    assert query.awaitTermination(300), "availableNow did not end"
+    assert query.exception() is None
+    seen = _bodies(spark, out)
+    assert sorted(seen) == sorted(bodies)
+    assert set(seen.values()) == {1}
+    assert sum(batch_rows) == 10_000 and all(rows <= 5000 for rows in batch_rows)
+    stats = _drained(nsqd, nsq_topic)
+    assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
+    # The rows were consumed by at least two executor processes (Python workers).
+    consumed_by = {(m["info"]["host"], m["info"]["pid"]) for m in manifests if any(m["rows"])}
+    assert len(consumed_by) >= 2, manifests
+    assert os.getpid() not in {pid for _, pid in consumed_by}
+    # Spark committed every batch, the last one through the empty batch: nothing is left.
+    assert list(staging.iterdir()) == []
+
+
+def test_a_wrong_staging_location_fails_when_the_query_starts(
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    location = str(blocker / "staging")
+    with pytest.raises(Exception, match=f"staging_location '{location}' is not writable"):
+        query = _run(
+            _stream(spark, nsqd, nsq_topic, location),
+            lambda batch, batch_id: None,
+            tmp_path / "checkpoint",
+        )
+        try:
+            query.awaitTermination(120)
+        finally:
+            query.stop()
+
+
+def test_a_batch_run_again_after_its_sink_replays_the_staging(
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """The driver dies after a batch's sink and before Spark commits it: the next run of the
+    query runs the same batch again, which reads the staged rows, not NSQ."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
+    out, staging, checkpoint = tmp_path / "out", tmp_path / "staging", tmp_path / "checkpoint"
+    first_run: dict[int, list[tuple[str, bytes]]] = {}
+
+    def crash_after_sink(batch: Any, batch_id: int) -> None:
+        rows = sorted((r.id, bytes(r.body)) for r in batch.select("id", "body").collect())
+        first_run[batch_id] = rows
+        batch.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+        raise RuntimeError("the driver died")
+
+    query = _run(
+        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=2000),
+        crash_after_sink,
+        checkpoint,
+    )
+    with pytest.raises(Exception, match="the driver died"):
+        query.awaitTermination(240)
+    assert list(first_run) == [0] and len(first_run[0]) == 2000
+    stats = channel(nsqd.http_address, nsq_topic, CHANNEL)
+    assert stats["depth"] == 1000 and stats["in_flight_count"] == 0  # batch 0 was FINed
+
+    second_run: dict[int, list[tuple[str, bytes]]] = {}
+
+    def idempotent(batch: Any, batch_id: int) -> None:
+        second_run[batch_id] = sorted(
+            (r.id, bytes(r.body)) for r in batch.select("id", "body").collect()
+        )
+        batch.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+
+    query = _run(
+        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=2000),
+        idempotent,
+        checkpoint,
+    )
+    assert query.awaitTermination(240)
+    assert second_run[0] == first_run[0]  # the same rows, message ids included
+    seen = _bodies(spark, out)
+    assert sorted(seen) == sorted(bodies) and set(seen.values()) == {1}
+    stats = _drained(nsqd, nsq_topic)
+    assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0  # nothing read twice
+    assert list(staging.iterdir()) == []
+
+
+def test_a_killed_python_worker_loses_nothing(
+    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """An executor's Python worker is killed (SIGKILL) after it staged chunks and before its
+    MANIFEST: Spark retries the task, which adopts those chunks; what the dead worker had not
+    staged comes back from nsqd after msg_timeout. Every body arrives; duplicates are bounded
+    by what was received and not staged."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 2000)
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    manifests: list[dict[str, Any]] = []
+    killed: list[int] = []
+    done = threading.Event()
+
+    def killer() -> None:
+        # The partitions idle (drain_idle_timeout) before their MANIFEST: kill a worker that
+        # staged a chunk by then. Chunk files are named chunk-<attempt>-<pid>-<n>.arrow.
+        while not done.wait(0.05) and not killed:
+            for chunk in staging.glob("batch-*/part-*/chunk-*.arrow"):
+                if not (chunk.parent / "MANIFEST").exists():
+                    pid = int(chunk.name.split("-")[2])
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+
+    def sink(batch: Any, batch_id: int) -> None:
+        batch.write.mode("append").parquet(str(out))
+        manifests.extend(_manifests(staging))
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        query = _run(
+            _stream(
+                spark,
+                nsqd,
+                nsq_topic,
+                staging,
+                parallelism=2,
+                chunk_size=100,
+                drain_idle_timeout="6s",
+                msg_timeout="5s",
+            ),
+            sink,
+            tmp_path / "checkpoint",
+        )
+        assert query.awaitTermination(300), "availableNow did not end"
+    finally:
+        done.set()
+        thread.join()
+    assert query.exception() is None
+    assert killed, "no Python worker was killed"
+    seen = _bodies(spark, out)
+    assert set(seen) == set(bodies)  # nothing lost
+    duplicates = sum(seen.values()) - len(seen)
+    assert duplicates <= 100, f"{duplicates} duplicates: more than one unstaged chunk"
+    assert any(m["adopted"] for m in manifests), "the retry did not adopt the staged chunks"
+    assert all(m["info"]["pid"] not in killed for m in manifests)
+    _drained(nsqd, nsq_topic)
+    assert list(staging.iterdir()) == []
+
+
+def test_an_nsqd_restart_mid_batch_loses_nothing(
+    spark: Any, nsqd_factory: Any, nsq_topic: str, tmp_path: Path, record_property: Any
+) -> None:
+    """nsqd restarts (gracefully: it keeps what was in flight on disk) while the executors
+    read: they reconnect and go on; what was in flight comes back, so a message staged whose
+    FIN was lost arrives twice, nothing is lost."""
+    server = nsqd_factory()
+    bodies = preload(server.tcp_address, nsq_topic, 20_000)
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    restarted = threading.Event()
+    failures: list[BaseException] = []
+
+    def restart_mid_batch() -> None:
+        try:
+            wait_for(
+                lambda: any(staging.glob("batch-*/part-*/chunk-*.arrow")),
+                "the executors to stage a chunk",
+                timeout=240,
+                interval=0.02,
+            )
+            server.restart()
+            restarted.set()
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=restart_mid_batch)
+    thread.start()
+    try:
+        query = _run(
+            _stream(
+                spark,
+                server,
+                nsq_topic,
+                staging,
+                parallelism=2,
+                chunk_size=200,
+                drain_idle_timeout="3s",
+                max_messages_per_batch=20_000,
+            ),
+            lambda batch, batch_id: batch.write.mode("append").parquet(str(out)),
+            tmp_path / "checkpoint",
+        )
+        assert query.awaitTermination(300), "availableNow did not end"
+    finally:
+        thread.join(300)
+    assert not failures, failures
+    assert restarted.is_set()
+    assert query.exception() is None
+    seen = _bodies(spark, out)
+    assert set(seen) == set(bodies)  # nothing lost
+    duplicates = sum(seen.values()) - len(seen)
+    record_property("duplicates", duplicates)
+    # Only messages in flight at the restart can come back: at most max_in_flight per partition.
+    assert duplicates <= 2 * 2500
+    _drained(server, nsq_topic)
+    assert list(staging.iterdir()) == []

@@ -1,0 +1,287 @@
+"""The parallel source's pieces without a SparkSession: staging on a local filesystem, a
+partition's read against a real nsqd (stage, FIN, MANIFEST, replay, adopt), the driver's
+planning from nsqd's /stats, and its options."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from spark_helpers import channel, drain, preload
+from support.nsq import wait_for
+
+from nsq_sync.errors import ConfigError
+from nsq_sync.spark import NsqDataSource
+from nsq_sync.spark._datasource import source_struct
+from nsq_sync.spark._options import source_options
+from nsq_sync.spark._parallel import NsqParallelStreamReader
+from nsq_sync.spark._partition import NsqPartition, messages_to_arrow, read_partition
+from nsq_sync.spark._staging import PartitionStage, Staging
+
+CHANNEL = "par"
+NAMES = source_struct().fieldNames()
+
+
+def _options(nsqd: Any, topic: str, staging: Path, **extra: Any) -> Any:
+    opts = {
+        "nsqd_tcp_addresses": nsqd.tcp_address,
+        "nsqd_http_addresses": nsqd.http_address,
+        "topic": topic,
+        "channel": CHANNEL,
+        "parallelism": "4",
+        "staging_location": str(staging),
+        "drain_idle_timeout": "0.3",
+    }
+    opts.update({k: str(v) for k, v in extra.items()})
+    return source_options(opts)
+
+
+def _bodies(batches: Any) -> list[bytes]:
+    return [b for batch in batches for b in batch.column("body").to_pylist()]
+
+
+def _settled(nsqd: Any, topic: str) -> dict[str, Any]:
+    stats: dict[str, Any] = wait_for(
+        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
+        "nothing in flight",
+        timeout=20,
+    )
+    return stats
+
+
+def test_a_partition_stages_fins_and_replays_without_consuming(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    bodies = preload(nsqd.tcp_address, nsq_topic, 300)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=64)
+    staging = Staging(str(tmp_path))
+    part = NsqPartition(batch=1, index=0, max_rows=200)
+    first = _bodies(read_partition(part, options, staging, NAMES))
+    assert len(first) == 200 and len(set(first)) == 200 and set(first) <= set(bodies)
+    stats = _settled(nsqd, nsq_topic)
+    assert stats["depth"] == 100  # the 200 staged messages were FINed, nothing else taken
+    assert stats["requeue_count"] == 0
+    stage = staging.partition(1, 0)
+    manifest = stage.manifest()
+    assert manifest is not None and manifest.total == 200 and len(manifest.chunks) >= 4
+    assert manifest.info["pid"] == os.getpid()
+    # Read again (a task retry, a re-run batch): the same rows, nothing consumed.
+    again = _bodies(read_partition(part, options, staging, NAMES))
+    assert again == first
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL)["depth"] == 100
+    # The commit deletes the batch's staging, and only batches up to it.
+    read_partition(NsqPartition(batch=2, index=0, max_rows=10), options, staging, NAMES)
+    assert list(read_partition(NsqPartition(2, 0, 10), options, staging, NAMES))
+    assert staging.batches() == [1, 2]
+    assert staging.delete_through(1) == [1]
+    assert staging.batches() == [2]
+
+
+def test_the_next_attempt_adopts_what_a_failed_attempt_staged(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    bodies = preload(nsqd.tcp_address, nsq_topic, 100)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
+    staging = Staging(str(tmp_path))
+    stage = staging.partition(3, 1)
+
+    # A failed attempt: it consumed and staged one chunk (FINed), then died before its MANIFEST.
+    # Its half-written chunk (a .tmp file) must be ignored.
+    class Dead:
+        def __init__(self, body: bytes) -> None:
+            self.id, self.body, self.timestamp = b"0" * 16, body, 0
+            self.attempts, self.nsqd_address = 1, nsqd.tcp_address
+
+    staged_before = [b"earlier-1", b"earlier-2", b"earlier-3"]
+    batch = messages_to_arrow([Dead(b) for b in staged_before], options, NAMES)  # type: ignore[misc]
+    stage.write_chunk(batch, "a1")
+    Path(stage.dir, "chunk-a1-1-000002.arrow.0123.tmp").write_bytes(b"half")
+    assert stage.manifest() is None
+
+    rows = _bodies(read_partition(NsqPartition(3, 1, 40), options, staging, NAMES))
+    assert rows[:3] == staged_before  # adopted first, counted against max_rows
+    assert len(rows) == 40 and set(rows[3:]) <= set(bodies)
+    manifest = stage.manifest()
+    assert manifest is not None and manifest.adopted == 1 and manifest.total == 40
+    assert _settled(nsqd, nsq_topic)["depth"] == 63
+
+
+def test_a_staging_failure_requeues_the_chunk_and_the_retry_adopts_the_rest(
+    nsqd: Any, nsq_topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bodies = preload(nsqd.tcp_address, nsq_topic, 50)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=25)
+    staging = Staging(str(tmp_path))
+    write_chunk = PartitionStage.write_chunk
+    calls = []
+
+    def failing_second(self: PartitionStage, batch: Any, attempt: str) -> str:
+        calls.append(batch.num_rows)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return write_chunk(self, batch, attempt)
+
+    monkeypatch.setattr(PartitionStage, "write_chunk", failing_second)
+    with pytest.raises(RuntimeError, match="staging a chunk of batch 1 partition 0 .*disk full"):
+        list(read_partition(NsqPartition(1, 0, 50), options, staging, NAMES))
+    stats = _settled(nsqd, nsq_topic)
+    assert stats["depth"] == 25  # the chunk that failed to stage was requeued: nothing lost
+    assert staging.partition(1, 0).manifest() is None
+    monkeypatch.setattr(PartitionStage, "write_chunk", write_chunk)
+    # The retry adopts the staged (and FINed) chunk and consumes the rest: each body once.
+    rows = _bodies(read_partition(NsqPartition(1, 0, 50), options, staging, NAMES))
+    assert sorted(rows) == sorted(bodies)
+    assert _settled(nsqd, nsq_topic)["depth"] == 0
+
+
+def test_the_driver_plans_batches_from_nsqd_stats(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    options = _options(nsqd, nsq_topic, tmp_path, max_messages_per_batch=1000)
+    reader = NsqParallelStreamReader(options, source_struct())
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    assert start == {"batch": 0, "rows": 0}
+    assert reader.latestOffset(start, ReadMaxRows(1000)) == start  # nothing waits: no batch
+    preload(nsqd.tcp_address, nsq_topic, 2500)  # no channel yet: the topic's depth counts
+    end = reader.latestOffset(start, ReadMaxRows(1000))
+    assert end == {"batch": 1, "rows": 1000}
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"batch": 1, "rows": 1000}
+    assert reader.latestOffset(start, ReadMaxRows(300)) == {"batch": 1, "rows": 300}
+    parts = reader.partitions(start, end)
+    assert [p.value for p in parts] == [NsqPartition(1, i, 250) for i in range(4)]
+    # The partitions are a pure function of the offsets, also in another copy of the reader.
+    copy = cloudpickle.loads(cloudpickle.dumps(reader))
+    assert [p.value for p in copy.partitions(start, end)] == [p.value for p in parts]
+    # After a batch with rows and nothing waiting: one empty batch, so that Spark commits it.
+    drained = {"batch": 7, "rows": 40}
+    drain(nsqd.tcp_address, nsq_topic, CHANNEL, 2500)
+    _settled(nsqd, nsq_topic)
+    tick = reader.latestOffset(drained, ReadMaxRows(1000))
+    assert tick == {"batch": 8, "rows": 0}
+    assert [p.value for p in reader.partitions(drained, tick)] == [NsqPartition(8, 0, 0)]
+    assert list(read_partition(NsqPartition(8, 0, 0), options, Staging(str(tmp_path)), NAMES)) == []
+    assert reader.latestOffset(tick, ReadMaxRows(1000)) == tick  # availableNow ends here
+    reader.commit({"batch": 100, "rows": 0})
+    assert Staging(str(tmp_path)).batches() == []
+
+
+def test_a_new_query_refuses_a_staging_location_with_batches_in_it(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    options = _options(nsqd, nsq_topic, tmp_path)
+    (tmp_path / "batch-1" / "part-0").mkdir(parents=True)
+    # A query restarted before its first commit starts from the initial offset again and
+    # replays its staged first batch:
+    assert NsqParallelStreamReader(options, source_struct()).initialOffset()["batch"] == 0
+    (tmp_path / "batch-4" / "part-0").mkdir(parents=True)
+    reader = NsqParallelStreamReader(options, source_struct())
+    with pytest.raises(ConfigError, match=r"staging_location .* holds staged batches \[4\]"):
+        reader.initialOffset()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"staging_location": None}, "option staging_location is required"),
+        ({"staging_location": "relative/dir"}, "must be an absolute path or a URI"),
+        ({"nsqd_http_addresses": None}, "lookupd_http_addresses, or nsqd_http_addresses"),
+        ({"parallelism": "0"}, "option parallelism must be between 1"),
+        ({"chunk_size": "5000", "max_in_flight": "2500"}, "chunk_size"),
+    ],
+)
+def test_parallel_options_are_checked(
+    nsqd: Any, tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    opts = {
+        "nsqd_tcp_addresses": nsqd.tcp_address,
+        "nsqd_http_addresses": nsqd.http_address,
+        "topic": "t",
+        "channel": "c",
+        "parallelism": "2",
+        "staging_location": str(tmp_path),
+    }
+    opts.update(change)
+    with pytest.raises(ConfigError, match=named):
+        source_options({k: v for k, v in opts.items() if v is not None})
+
+
+def test_parallel_only_options_need_parallelism() -> None:
+    with pytest.raises(ConfigError, match="option staging_location needs option parallelism"):
+        source_options(
+            {"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "t", "channel": "c"}
+            | {"staging_location": "/tmp/x"}
+        )
+
+
+def test_an_unwritable_staging_location_fails_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    location = str(blocker / "staging")
+    source = NsqDataSource(
+        {
+            "nsqd_tcp_addresses": "127.0.0.1:4150",
+            "nsqd_http_addresses": "127.0.0.1:4151",
+            "topic": "t",
+            "channel": "c",
+            "parallelism": "2",
+            "staging_location": location,
+        }
+    )
+    with pytest.raises(ConfigError, match=f"staging_location '{location}' is not writable"):
+        source.streamReader(source_struct())
+    ok = NsqDataSource({**source.options, "staging_location": str(tmp_path / "ok")})
+    assert isinstance(ok.streamReader(source_struct()), NsqParallelStreamReader)
+    assert not any((tmp_path / "ok").iterdir())  # the probe file is gone
+
+
+def test_speculation_is_refused_before_anything_is_consumed(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """Spark hands the session's settings to tasks as local properties: with
+    spark.speculation=true two attempts of a partition could both consume."""
+    from pyspark import TaskContext
+
+    preload(nsqd.tcp_address, nsq_topic, 10)
+    options = _options(nsqd, nsq_topic, tmp_path)
+    TaskContext._setTaskContext(None)
+    context = TaskContext._getOrCreate()
+    context.__init__(  # type: ignore[misc]
+        stageId=1,
+        partitionId=0,
+        attemptNumber=0,
+        taskAttemptId=7,
+        localProperties={"spark.speculation": "true"},
+    )
+    try:
+        with pytest.raises(ConfigError, match="spark.speculation=true"):
+            list(read_partition(NsqPartition(1, 0, 10), options, Staging(str(tmp_path)), NAMES))
+    finally:
+        TaskContext._setTaskContext(None)
+    assert Staging(str(tmp_path)).batches() == []
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # never subscribed
+
+
+def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """Spark may stop reading a partition (a limit): the consumer stops, what was staged is
+    adopted by the next read of the partition, nothing else is taken from the channel."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 400)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
+    staging = Staging(str(tmp_path))
+    reader = read_partition(NsqPartition(1, 0, 300), options, staging, NAMES)
+    first = next(reader)
+    reader.close()
+    stage = staging.partition(1, 0)
+    assert stage.manifest() is None and stage.complete_chunks()
+    staged = sum(stage.chunk_rows(name) for name in stage.complete_chunks())
+    assert _settled(nsqd, nsq_topic)["depth"] == 400 - staged  # the rest was requeued
+    rows = _bodies(read_partition(NsqPartition(1, 0, 300), options, staging, NAMES))
+    assert rows[: first.num_rows] == first.column("body").to_pylist()
+    assert len(rows) == 300 and len(set(rows)) == 300 and set(rows) <= set(bodies)
+    assert _settled(nsqd, nsq_topic)["depth"] == 100

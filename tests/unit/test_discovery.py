@@ -9,60 +9,12 @@ ever adds nsqds.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.fakes import FakeClock, FakeRuntime
 
 from nsq_sync.discovery import Discovery
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeEvent:
-    def __init__(self) -> None:
-        self.flag = False
-
-    def set(self) -> None:
-        self.flag = True
-
-    def clear(self) -> None:
-        self.flag = False
-
-    def is_set(self) -> bool:
-        return self.flag
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.flag
-
-
-class FakeRuntime:
-    """Spawned functions are kept until :meth:`run_spawned` (a lookupd query 'in flight')."""
-
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.spawned: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
-
-    def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Any:
-        self.spawned.append((name, fn, args))
-        return None
-
-    def event(self) -> FakeEvent:
-        return FakeEvent()
-
-    def run_spawned(self, name_prefix: str = "") -> list[str]:
-        ran = [s for s in self.spawned if s[0].startswith(name_prefix)]
-        self.spawned = [s for s in self.spawned if not s[0].startswith(name_prefix)]
-        for _, fn, args in ran:
-            fn(*args)
-        return [name for name, _, _ in ran]
 
 
 class Lookupds:

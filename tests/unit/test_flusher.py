@@ -8,52 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
 
 import pytest
+from support.fakes import FakeEvent, FakeRuntime
 
 from nsq_sync.errors import ConnectionClosed
 from nsq_sync.flusher import Flusher
-
-
-class FakeEvent:
-    def __init__(self) -> None:
-        self.flag = False
-        self.waits: list[float | None] = []
-
-    def set(self) -> None:
-        self.flag = True
-
-    def clear(self) -> None:
-        self.flag = False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        return self.flag
-
-
-class FakeLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-class FakeRuntime:
-    def __init__(self) -> None:
-        self.events: list[FakeEvent] = []
-
-    def event(self) -> FakeEvent:
-        event = FakeEvent()
-        self.events.append(event)
-        return event
-
-    def lock(self) -> FakeLock:
-        return FakeLock()
-
-    def spawn(self, fn: Any, *args: Any, name: str) -> None:
-        return None
 
 
 class Conn:

@@ -22,28 +22,10 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from support.fakes import FakeClock
 
 from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff
 from nsq_sync.rdy import STARVED_RATIO, RDYManager
-
-
-class FakeClock:
-    """Monotonic seconds that only move when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-    def jump_to(self, when: float | None) -> None:
-        """Move to ``when`` (a deadline), never backwards: a deadline may already be past."""
-        assert when is not None
-        self.now = max(self.now, when)
 
 
 class Wire:

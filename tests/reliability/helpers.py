@@ -31,7 +31,7 @@ __all__ = [
     "publish_http",
     "record_figures",
     "scaled",
-    "settled_channel",
+    "channel_if_drained",
     "soak_seconds",
     "wait_for",
 ]
@@ -148,8 +148,11 @@ def channel_stats(http_url: str, topic: str) -> dict[str, Any]:
     return stats
 
 
-def settled_channel(http_url: str, topic: str, clients: int | None = None) -> dict[str, Any] | None:
-    """The channel's stats once nothing is queued, in flight or deferred (else None)."""
+def channel_if_drained(
+    http_url: str, topic: str, clients: int | None = None
+) -> dict[str, Any] | None:
+    """The channel's stats if nothing is queued, in flight or deferred now, else None (a condition
+    for wait_for; support.nsq.settled_channel is the one that waits for counts to settle)."""
     stats = channel_stats(http_url, topic)
     if stats["depth"] or stats["in_flight_count"] or stats["deferred_count"]:
         return None

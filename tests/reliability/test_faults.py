@@ -32,13 +32,13 @@ from nsq_sync.testing import NsqdProcess
 from .helpers import (
     CHANNEL,
     Tally,
+    channel_if_drained,
     channel_stats,
     gevent_patched,
     make_bodies,
     publish_http,
     record_figures,
     scaled,
-    settled_channel,
     wait_for,
 )
 
@@ -130,7 +130,7 @@ def test_cut_every_two_seconds_loses_nothing(
         elapsed = time.monotonic() - started
         # Redeliveries of messages already handled (their FIN died with a cut) may still be
         # due; count them all before comparing.
-        wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
+        wait_for(lambda: channel_if_drained(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
         assert consumer.stop(timeout=10.0) is True
 
     # Recovery: from a cut to the first message handled on a new connection. Only cuts while
@@ -204,7 +204,7 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
         recoveries.append(tally.recovery_after(t_fault, old))
     assert handled_at[-1] < n, "the restarts came too late to test anything"
     wait_for(lambda: tally.covers(bodies), f"all {n} messages (handled {tally.unique})", 60.0)
-    wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
+    wait_for(lambda: channel_if_drained(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
     lost = tally.lost(bodies)
     record_figures(
         record_property,
@@ -280,7 +280,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
         f"the {depth} messages nsqd kept",
         timeout=60.0,
     )
-    wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
+    wait_for(lambda: channel_if_drained(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
     wait_for(lambda: consumer.stats().in_flight == 0, "the last handlers done")
     calls_after = tally.handled - calls_before
     received_after = consumer.stats().received - received_before
@@ -360,7 +360,7 @@ def test_stalled_connection_is_detected_and_replaced(
         proxy.resume()
         release.set()
         wait_for(lambda: tally.covers(bodies), f"all {n} messages (handled {tally.unique})", 60.0)
-        wait_for(lambda: settled_channel(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
+        wait_for(lambda: channel_if_drained(nsqd.http_url, nsq_topic), "nothing left on nsqd", 30.0)
         # Recovery: from the proxy forwarding again to the first message on a new connection.
         recovery = tally.recovery_after(t_resume, [old])
     lost = tally.lost(bodies)
@@ -460,7 +460,9 @@ def test_lookupd_outage_keeps_known_nsqds_and_finds_new_ones_after(
         found_s = time.monotonic() - t_back
         wait_for(lambda: tally.covers(published), f"all {len(published)} messages", 30.0)
         for nsqd in (first, second):
-            wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "channels empty")
+            wait_for(
+                lambda nsqd=nsqd: channel_if_drained(nsqd.http_url, nsq_topic), "channels empty"
+            )
     lost = tally.lost(published)
     record_figures(
         record_property,
@@ -680,7 +682,7 @@ def test_producer_failover_while_nsqd_dies(
     consumer.start()
     wait_for(lambda: held.handled >= depths, f"the {depths} messages the nsqds hold", 60.0)
     for nsqd in (first, second):
-        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "channels empty")
+        wait_for(lambda nsqd=nsqd: channel_if_drained(nsqd.http_url, nsq_topic), "channels empty")
     missing = [b for b in succeeded if b not in held.counts]
     assert held.handled >= depths
     dup_held = held.duplicates()

@@ -29,11 +29,11 @@ from nsq_sync.testing import NsqdProcess
 from .helpers import (
     CHANNEL,
     Tally,
+    channel_if_drained,
     live_tasks,
     make_bodies,
     open_fds,
     settle_leaks,
-    settled_channel,
     soak_seconds,
     wait_for,
 )
@@ -214,7 +214,9 @@ def test_nsqds_join_and_leave_while_messages_flow(
         nsqd.restart()
     wait_for(lambda: tally.covers(succeeded), f"all {len(succeeded)} acknowledged messages", 90.0)
     for nsqd in nsqds:
-        wait_for(lambda nsqd=nsqd: settled_channel(nsqd.http_url, nsq_topic), "every channel empty")
+        wait_for(
+            lambda nsqd=nsqd: channel_if_drained(nsqd.http_url, nsq_topic), "every channel empty"
+        )
     assert consumer.stop(timeout=10.0) is True
     tasks_after, fds_after = settle_leaks(tasks_before, fds_before)
 

@@ -66,6 +66,17 @@ def _split(name: str, value: str | None) -> tuple[str, ...]:
     return address_list(f"option {name}", str(value))
 
 
+def _http_addresses(name: str, options: dict[str, Any]) -> tuple[str, ...]:
+    """An option listing HTTP addresses (``host:port`` or URLs), each checked."""
+    addresses = _split(name, options.get(name))
+    for address in addresses:
+        try:
+            parse_http_address(address)
+        except ConfigError as exc:
+            raise ConfigError(f"option {name}: {exc}") from None
+    return addresses
+
+
 def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
     if value is None:
         return default
@@ -181,12 +192,7 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
         except ValueError as exc:
             raise ConfigError(f"option {name}: {exc}") from None
     direct = _tcp_addresses(mine.get("nsqd_tcp_addresses"), required=False)
-    lookupds = _split("lookupd_http_addresses", mine.get("lookupd_http_addresses"))
-    for address in lookupds:
-        try:
-            parse_http_address(address)
-        except ConfigError as exc:
-            raise ConfigError(f"option lookupd_http_addresses: {exc}") from None
+    lookupds = _http_addresses("lookupd_http_addresses", mine)
     if not direct and not lookupds:
         raise ConfigError(
             "the nsq source needs option nsqd_tcp_addresses or lookupd_http_addresses"
@@ -250,12 +256,7 @@ def _parallel_options(
         raise ConfigError(
             f"option staging_location must be an absolute path or a URI, got {staging!r}"
         )
-    https = _split("nsqd_http_addresses", mine.get("nsqd_http_addresses"))
-    for address in https:
-        try:
-            parse_http_address(address)
-        except ConfigError as exc:
-            raise ConfigError(f"option nsqd_http_addresses: {exc}") from None
+    https = _http_addresses("nsqd_http_addresses", mine)
     if not lookupds and len(https) != len(direct):
         raise ConfigError(
             "the parallel nsq source plans batches from nsqd's /stats: give "

@@ -44,6 +44,7 @@ from nsq_sync.consumer import Consumer
 from nsq_sync.errors import NSQError
 from nsq_sync.message import Message
 from nsq_sync.spark._options import SourceOptions
+from nsq_sync.spark._partition import messages_to_arrow
 
 try:  # pyspark >= 4.1 (availableNow for Python sources)
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
@@ -211,22 +212,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
             self._lock.acquire()
 
     def _to_arrow(self, messages: list[Message]) -> Any:
-        import pyarrow as pa
-
-        opts = self.options
-        n = len(messages)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
-                pa.array([m.body for m in messages], pa.binary()),
-                pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC")),
-                pa.array([m.attempts for m in messages], pa.int32()),
-                pa.array([m.nsqd_address for m in messages], pa.string()),
-                pa.array([opts.topic] * n, pa.string()),
-                pa.array([opts.channel] * n, pa.string()),
-            ],
-            names=self.schema.fieldNames(),
-        )
+        return messages_to_arrow(messages, self.options, self.schema.fieldNames())
 
     def _held(self) -> list[Message]:
         with self._lock:

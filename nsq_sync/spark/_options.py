@@ -12,7 +12,7 @@ given too; unknown options raise, so a typo never passes silently.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,15 +66,20 @@ def _split(name: str, value: str | None) -> tuple[str, ...]:
     return address_list(f"option {name}", str(value))
 
 
-def _http_addresses(name: str, options: dict[str, Any]) -> tuple[str, ...]:
-    """An option listing HTTP addresses (``host:port`` or URLs), each checked."""
-    addresses = _split(name, options.get(name))
+def _checked(name: str, value: str | None, parse: Callable[[str], Any]) -> tuple[str, ...]:
+    """An address-list option, each address checked by ``parse``."""
+    addresses = _split(name, value)
     for address in addresses:
         try:
-            parse_http_address(address)
+            parse(address)
         except ConfigError as exc:
             raise ConfigError(f"option {name}: {exc}") from None
     return addresses
+
+
+def _http_addresses(name: str, options: dict[str, Any]) -> tuple[str, ...]:
+    """An option listing HTTP addresses (``host:port`` or URLs)."""
+    return _checked(name, options.get(name), parse_http_address)
 
 
 def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
@@ -119,16 +124,11 @@ def _split_options(
 
 
 def _tcp_addresses(value: str | None, *, required: bool) -> tuple[str, ...]:
-    addresses = _split("nsqd_tcp_addresses", value)
+    addresses = _checked("nsqd_tcp_addresses", value, parse_address)
     if required and not addresses:
         raise ConfigError(
             "option nsqd_tcp_addresses is required: 'host:port' or a comma-separated list"
         )
-    for address in addresses:
-        try:
-            parse_address(address)
-        except ConfigError as exc:
-            raise ConfigError(f"option nsqd_tcp_addresses: {exc}") from None
     return addresses
 
 

@@ -6,7 +6,7 @@ message and RDY (with RDY 1 the message fills it, and nsqd flushes its output bu
 so a holder whose nsqd sends nothing is as good as proof that the nsqd is empty, and its credit
 should move on at once, to a connection whose nsqd may have messages. Peers rotate blindly
 every few seconds instead (go-nsq, pynsq), which left a consumer idle for 5-12 s while another
-nsqd held a backlog (issue 25).
+nsqd held a backlog.
 
 * A holder is *free* (may give its credit away) once its nsqd has sent nothing for
   ``unproductive_after`` since its grant, its last message or the answer that emptied it (the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import threading
 import time
 import traceback
@@ -120,13 +121,29 @@ class Child:
         self._go = go_w
 
     def result(self) -> dict[str, Any]:
+        """The child's report; a child that reports nothing (it failed or hung) is killed and
+        reaped first, so that no test leaves it running."""
         try:
             data = _read_report(self._report, CHILD_TIMEOUT)
+        except BaseException:
+            self._kill()
+            raise
         finally:
             os.close(self._report)
             Child._parent_fds.discard(self._report)
+        if not data:
+            self._kill()
         assert data, f"child {self.pid} reported nothing (it failed: see its stderr)"
         return json.loads(data)  # type: ignore[no-any-return]
+
+    def _kill(self) -> None:
+        os.close(self._go)
+        Child._parent_fds.discard(self._go)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        waitpid(self.pid, CHILD_TIMEOUT)
 
     def finish(self) -> int:
         os.close(self._go)

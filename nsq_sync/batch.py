@@ -183,6 +183,7 @@ class BatchConsumer:
             SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
                 and the consumer stopped gracefully first.
         """
+        self._consumer._check_process()  # in a forked child: Stopped, before any lock is taken
         summary = run_to_end(
             self._consumer,
             timeout=timeout,

@@ -311,11 +311,13 @@ class Consumer:
 
         Raises:
             ConfigError: a bad argument (nothing started).
-            Stopped: the consumer was stopped before.
+            Stopped: the consumer was stopped before, or it was started in another process
+                before a fork (raised before anything else, as by start() and stop()).
             SystemExit, KeyboardInterrupt: a handler raised it; that message was requeued and
                 the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
                 worker).
         """
+        self._check_process()  # before anything takes a lock a parent's thread may have held
         return run_to_end(
             self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )

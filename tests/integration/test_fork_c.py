@@ -180,8 +180,10 @@ def test_c_fork_http_client_child_threads_share_one_new_session(
     "not exist there (a hang of the test's fork, not of nsq_sync; uWSGI forks CPython only)",
 )
 def test_c_fork_started_consumer_raises_naming_the_fix(nsqd_factory: Any, nsq_topic: str) -> None:
-    """nsqd flags: none. A Consumer started before a fork from C: in the child, start(), run()
-    and stop() raise Stopped naming the fix, as after os.fork(); its copied connections are
+    """nsqd flags: none. A Consumer started before a fork from C, while one of its threads holds
+    the connection set's lock (a reader counting messages, the RDY timer): in the child, start(),
+    run() and stop() raise Stopped naming the fix, as after os.fork(), before anything waits on
+    that lock (run() used to read stats() first and hang there); its copied connections are
     closed there; the parent's consumer goes on consuming."""
     server: NsqdProcess = nsqd_factory()
     got: list[bytes] = []
@@ -202,7 +204,21 @@ def test_c_fork_started_consumer_raises_naming_the_fix(nsqd_factory: Any, nsq_to
             conns = list(consumer._conns.conns.values())
             return {"messages": messages, "open": sum(not c.closed for c in conns)}
 
-        child = Child(work, lambda: None, fork=libc_fork)
+        held, release = threading.Event(), threading.Event()
+
+        def holding() -> None:  # one of the consumer's threads, caught holding the lock
+            with consumer._conns.lock:
+                held.set()
+                release.wait(CHILD_TIMEOUT)
+
+        holder = threading.Thread(target=holding)
+        holder.start()
+        try:
+            assert held.wait(10.0)
+            child = Child(work, lambda: None, fork=libc_fork)
+        finally:
+            release.set()
+            holder.join(10.0)
         result = child.result()
         assert child.finish() == 0
         assert len(result["messages"]) == 3, result

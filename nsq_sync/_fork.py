@@ -149,19 +149,22 @@ def _notice() -> None:
 
 def _reset(pid: int, notice_lock: Any) -> None:
     """The child's reset: new locks, one more generation, every tracked object abandoned, and
-    last the pid (a thread that sees the new pid finds everything else done)."""
+    last the canary and the pid: a thread that finds either current (and so does not wait for
+    the reset) must find everything else done. (With the canary set first, a thread of the
+    child could read the old generation and use the parent's pool while it was being closed.)"""
     global generation, _lock, claim_lock, _noticing, _canary, _pid
     _lock = threading.Lock()
     claim_lock = threading.Lock()
     _noticing = {pid: notice_lock}
-    _canary = _new_canary()
     generation += 1
     for obj, abandon in list(_tracked.items()):
         try:
             abandon(obj)
         except Exception:  # pragma: no cover - best effort; never break the user's fork
             pass
+    canary = _new_canary()  # built before it is published: a page with its byte set
     _pid = pid
+    _canary = canary
 
 
 def _after_fork_in_child() -> None:

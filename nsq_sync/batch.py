@@ -33,7 +33,7 @@ from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
 from nsq_sync.dispatch import GiveUpHandler, ends_task
 from nsq_sync.errors import ConfigError, DeadLetter
-from nsq_sync.message import Message
+from nsq_sync.message import Message, claim_all
 from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
 from nsq_sync.runtime import Runtime
 
@@ -252,7 +252,8 @@ class BatchConsumer:
         with self._lock:
             self._open.append(message)
             self._arrived.append(time.monotonic())
-            wake = len(self._open) == 1 or len(self._open) >= self.batch_size
+            # once per batch: the batch task looks again after each batch it handles
+            wake = len(self._open) == 1 or len(self._open) == self.batch_size
         if wake:
             self._wake.set()
 
@@ -337,7 +338,7 @@ class BatchConsumer:
                 self._ended(batch, exc2)
             return
         # claimed here (the first answer wins), then finished with one write per connection
-        to_finish = [m for m in batch if m._claim("finish")]
+        to_finish = claim_all(batch)
         if to_finish:
             self._machinery.responder.finish_many(to_finish)
 

@@ -166,3 +166,14 @@ def from_frames(
         message._conn = conn
         append(message)
     return messages
+
+
+def claim_all(messages: list[Message]) -> list[Message]:
+    """Claim every message of ``messages`` that nobody answered yet, under one acquisition of
+    the claim lock; return those (the others lost to an answer given first, as
+    ``Message._claim(None)``). A batch's automatic FIN takes its messages this way."""
+    with _fork.claim_lock:
+        claimed = [message for message in messages if not message._responded]
+        for message in claimed:
+            message._responded = True
+    return claimed

@@ -9,9 +9,12 @@ then consumes with a :class:`~nsq_sync.batch.BatchConsumer` of its own: each bat
 when the chunk is complete does the batch consumer FIN its messages, on the connections that
 delivered them; each staged chunk goes to Spark at once (the consumer runs on a thread of its
 own). It stops after ``max_rows`` messages, ``drain_idle_timeout`` seconds without one, or
-``partition_timeout``; then it writes the MANIFEST. Spark keeps a task's rows only if the task
+``partition_timeout``; then it seals the partition, yields the chunks other attempts staged
+meanwhile (speculation), and writes the MANIFEST. Spark keeps a task's rows only if the task
 succeeds, that is after the MANIFEST: a successful attempt's rows are exactly the chunks listed
-there, and a failed attempt's chunks are adopted by the next one.
+there, and a failed attempt's chunks are adopted by the next one. An attempt that stages a
+chunk after another one sealed the partition requeues it and fails (:class:`Superseded`); see
+``_staging`` for why nothing FINed is ever left out of the MANIFEST.
 
 A message received but not yet staged when the worker dies is not FINed: nsqd delivers it again
 (at once if the consumer could requeue it, after ``msg_timeout`` if the process was killed).
@@ -26,12 +29,11 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync.batch import BatchConsumer
-from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
 from nsq_sync.spark._options import SourceOptions
 from nsq_sync.spark._staging import PartitionStage, Staging
@@ -56,22 +58,48 @@ class NsqPartition:
 
 
 def messages_to_arrow(messages: list[Message], options: SourceOptions, names: list[str]) -> Any:
-    """Messages as one Arrow RecordBatch with the source's columns."""
+    """Messages as one Arrow RecordBatch with the source's columns.
+
+    Per-message Python work is kept to one attribute read per column: Arrow converts the ids
+    (bytes, validated as UTF-8 by the cast), scales the timestamps and repeats the constant
+    columns (a chunk usually comes from one nsqd)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     n = len(messages)
+    raw_ids = pa.array([m.id for m in messages], pa.binary())
+    try:
+        ids = raw_ids.cast(pa.string())
+    except pa.ArrowInvalid:  # never from a real nsqd (its ids are hex): keep the row anyway
+        ids = pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string())
+    nanos = pa.array([m.timestamp for m in messages], pa.int64())
+    addresses = {m.nsqd_address for m in messages}
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
+            ids,
             pa.array([m.body for m in messages], pa.binary()),
-            pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC")),
+            pc.divide(nanos, 1000).cast(_timestamp_type()),
             pa.array([m.attempts for m in messages], pa.int32()),
-            pa.array([m.nsqd_address for m in messages], pa.string()),
-            pa.array([options.topic] * n, pa.string()),
-            pa.array([options.channel] * n, pa.string()),
+            _repeat(addresses.pop(), n)
+            if len(addresses) == 1
+            else pa.array([m.nsqd_address for m in messages], pa.string()),
+            _repeat(options.topic, n),
+            _repeat(options.channel, n),
         ],
         names=names,
     )
+
+
+def _timestamp_type() -> Any:
+    import pyarrow as pa
+
+    return pa.timestamp("us", tz="UTC")
+
+
+def _repeat(value: str, n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 def _task() -> tuple[str, dict[str, Any]]:
@@ -84,20 +112,20 @@ def _task() -> tuple[str, dict[str, Any]]:
         ctx = None
     if ctx is None:
         return f"x{uuid.uuid4().hex[:12]}", {}
-    speculation = ctx.getLocalProperty("spark.speculation")
-    if (speculation or "").strip().lower() == "true":
-        raise ConfigError(
-            "the parallel nsq source does not support spark.speculation=true: two attempts of "
-            "one partition would both consume; set spark.speculation=false"
-        )
     info = {
         "stage": ctx.stageId(),
         "partition_id": ctx.partitionId(),
         "attempt": ctx.attemptNumber(),
         "task_attempt_id": ctx.taskAttemptId(),
-        "speculation": speculation,
+        "speculation": ctx.getLocalProperty("spark.speculation"),
     }
     return f"a{ctx.taskAttemptId()}", info
+
+
+class Superseded(RuntimeError):
+    """Another attempt of the partition completed it while this one was consuming (speculative
+    execution): this attempt's rows must not be used, so the task fails; Spark keeps the other
+    attempt's."""
 
 
 def read_partition(
@@ -106,7 +134,7 @@ def read_partition(
     """Yield the partition's rows as Arrow RecordBatches (see the module docs).
 
     Raises:
-        ConfigError: spark.speculation is on (before anything is consumed).
+        Superseded: another attempt of the partition completed it first.
         Exception: staging failed (the chunk's messages were requeued; Spark retries the task).
     """
     if partition.max_rows <= 0:
@@ -126,37 +154,49 @@ def read_partition(
             yield from stage.read_chunk(name)
         return
     started = time.monotonic()
+    rows: dict[str, int] = {}  # chunk name -> rows, in the order they went to Spark
     adopted = stage.complete_chunks()
-    adopted_batches = [list(stage.read_chunk(name)) for name in adopted]
-    adopted_rows = [sum(b.num_rows for b in batches) for batches in adopted_batches]
-    remaining = partition.max_rows - sum(adopted_rows)
-    for adopted_batch in adopted_batches:
-        yield from adopted_batch
-    chunks: list[str] = []
-    rows: list[int] = []
+    for name in adopted:
+        rows[name] = yield from _replay(stage, name)
+    remaining = partition.max_rows - sum(rows.values())
     summary: list[Any] = []
-    if remaining > 0:
+    if remaining > 0 and not stage.sealed():
         # The rows go to Spark while the partition consumes: if the task fails, Spark drops
         # its output and the next attempt adopts the chunks; if it succeeds, its output is
         # exactly the chunks the MANIFEST lists.
-        yield from _consume(stage, attempt, remaining, options, names, chunks, rows, summary)
-    stage.write_manifest(
-        adopted + chunks,
-        adopted_rows + rows,
-        len(adopted),
-        {**info, "consumed": sum(rows), "seconds": round(time.monotonic() - started, 3)},
-    )
+        yield from _consume(stage, attempt, remaining, options, names, rows, summary)
+    # No attempt FINs a chunk from here on; every chunk FINed so far is complete, so listed.
+    stage.seal(attempt)
+    late = [name for name in stage.complete_chunks() if name not in rows]
+    for name in late:  # a concurrent attempt's (speculation) or a dead sealer's
+        rows[name] = yield from _replay(stage, name)
+    consumed = sum(rows.values()) - sum(rows[name] for name in adopted + late)
+    if stage.manifest() is None:
+        stage.write_manifest(
+            list(rows),
+            list(rows.values()),
+            len(adopted) + len(late),
+            {**info, "consumed": consumed, "seconds": round(time.monotonic() - started, 3)},
+        )
     log.info(
-        "nsq source: batch %d partition %d: staged %d row(s) in %d chunk(s), adopted %d "
-        "row(s) of a failed attempt, in %.2f s (%s)",
+        "nsq source: batch %d partition %d: staged %d row(s), adopted %d row(s) staged by "
+        "other attempts, in %.2f s (%s)",
         partition.batch,
         partition.index,
-        sum(rows),
-        len(chunks),
-        sum(adopted_rows),
+        consumed,
+        sum(rows.values()) - consumed,
         time.monotonic() - started,
         summary[0].reason if summary else "nothing to consume",
     )
+
+
+def _replay(stage: PartitionStage, name: str) -> Generator[Any, None, int]:
+    """Yield one staged chunk's record batches; return its row count."""
+    count = 0
+    for batch in stage.read_chunk(name):
+        count += batch.num_rows
+        yield batch
+    return count
 
 
 def _consume(
@@ -165,25 +205,34 @@ def _consume(
     limit: int,
     options: SourceOptions,
     names: list[str],
-    chunks: list[str],
-    rows: list[int],
+    rows: dict[str, int],
     summary: list[Any],
 ) -> Iterator[Any]:
     """Consume up to ``limit`` messages, staging each chunk before its messages are FINed, and
     yield each chunk once it is staged. The consumer runs on a thread of its own; closing the
     generator early (Spark stopped reading) stops it: what it staged is adopted by the next
-    read of the partition, what it did not stage is requeued."""
+    read of the partition, what it did not stage is requeued. A chunk staged after another
+    attempt sealed the partition is requeued, not FINed, and the attempt ends in
+    :class:`Superseded` (once that attempt's MANIFEST is there, so Spark sees it succeed
+    first)."""
     failed: list[BaseException] = []
+    superseded: list[str] = []
     crashed: list[BaseException] = []
     staged: queue.SimpleQueue[Any] = queue.SimpleQueue()
     end = object()
 
     def stage_chunk(messages: list[Message]) -> None:
+        if superseded:  # a batch handed over before the stop took effect
+            for message in messages:
+                message.requeue(0.0, backoff=False)
+            return
         try:
             if failed:
                 raise RuntimeError("staging failed earlier in this task")
             batch = messages_to_arrow(messages, options, names)
             name = stage.write_chunk(batch, attempt)
+            if stage.sealed():
+                superseded.append(name)
         except BaseException as exc:
             failed.append(exc)
             # Not the messages' fault: back to the channel at once, not FINed.
@@ -191,8 +240,12 @@ def _consume(
                 message.requeue(0.0, backoff=False)
             consumer.stop()  # from the handler: the stop completes on its own task
             raise
-        chunks.append(name)
-        rows.append(batch.num_rows)
+        if superseded:  # whoever sealed may have listed it or not: requeue, never FIN
+            for message in messages:
+                message.requeue(0.0, backoff=False)
+            consumer.stop()  # from the handler: the stop completes on its own task
+            return
+        rows[name] = batch.num_rows
         staged.put(batch)
 
     consumer = BatchConsumer(
@@ -237,3 +290,11 @@ def _consume(
         ) from failed[0]
     if crashed:
         raise crashed[0]
+    if superseded:
+        deadline = time.monotonic() + options.partition_timeout
+        while stage.manifest() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        raise Superseded(
+            f"nsq source: batch {stage.batch} partition {stage.index} was completed by another "
+            f"attempt while this one ran; its last chunk ({superseded[0]}) was requeued"
+        )

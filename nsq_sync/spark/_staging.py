@@ -3,14 +3,16 @@
 Layout under the staging location (one per query)::
 
     <location>/batch-<b>/part-<i>/chunk-<attempt id>-<pid>-<n>.arrow   a staged chunk
+    <location>/batch-<b>/part-<i>/SEALED                              no more consuming here
     <location>/batch-<b>/part-<i>/MANIFEST                            the partition, complete
 
 A chunk is written under a ``.tmp`` name and renamed, so a chunk file with its final name is
 complete (on object stores the rename is a copy: the final object appears whole, in one PUT).
-The messages in a chunk are FINed only after it is complete. A chunk without a MANIFEST beside it
-belongs to an attempt that failed after staging it: the next attempt of the partition adopts it.
-The MANIFEST (JSON, written the same way) lists the chunks that make up the partition; once it
-exists every later read of the partition replays exactly those chunks.
+The messages in a chunk are FINed only after it is complete, and only if the partition is not
+sealed yet. A chunk without a MANIFEST beside it belongs to an attempt that failed after staging
+it, or to one still running (speculation): the attempt that completes the partition first writes
+SEALED, then lists every complete chunk, then writes the MANIFEST (JSON, written the same way)
+naming them; once it exists every later read of the partition replays exactly those chunks.
 
 Nothing here imports pyspark; pyarrow is imported inside the functions.
 """
@@ -30,6 +32,7 @@ from nsq_sync.errors import ConfigError
 __all__ = ["Manifest", "PartitionStage", "Staging"]
 
 MANIFEST = "MANIFEST"
+SEALED = "SEALED"
 _CHUNK_SUFFIX = ".arrow"
 _TMP = ".tmp"
 
@@ -159,6 +162,19 @@ class PartitionStage:
             adopted=int(data.get("adopted", 0)),
             info=dict(data.get("info", {})),
         )
+
+    def sealed(self) -> bool:
+        """True once an attempt started completing the partition (SEALED or MANIFEST exists):
+        from then on no attempt may FIN what it stages here."""
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info([f"{self.dir}/{SEALED}", f"{self.dir}/{MANIFEST}"])
+        return any(info.type != pafs.FileType.NotFound for info in infos)
+
+    def seal(self, attempt: str) -> None:
+        """Forbid FINs of chunks staged here from now on (see the module docs)."""
+        payload = json.dumps({"attempt": attempt, "pid": os.getpid()}).encode("utf-8")
+        self._put(SEALED, lambda out: out.write(payload))
 
     def complete_chunks(self) -> list[str]:
         """Chunk files completely staged here (by any attempt), in name order."""

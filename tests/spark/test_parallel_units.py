@@ -5,6 +5,7 @@ planning from nsqd's /stats, and its options."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,12 @@ from nsq_sync.spark import NsqDataSource
 from nsq_sync.spark._datasource import source_struct
 from nsq_sync.spark._options import source_options
 from nsq_sync.spark._parallel import NsqParallelStreamReader
-from nsq_sync.spark._partition import NsqPartition, messages_to_arrow, read_partition
+from nsq_sync.spark._partition import (
+    NsqPartition,
+    Superseded,
+    messages_to_arrow,
+    read_partition,
+)
 from nsq_sync.spark._staging import PartitionStage, Staging
 
 CHANNEL = "par"
@@ -239,31 +245,98 @@ def test_an_unwritable_staging_location_fails_naming_it(tmp_path: Path) -> None:
     assert not any((tmp_path / "ok").iterdir())  # the probe file is gone
 
 
-def test_speculation_is_refused_before_anything_is_consumed(
+def _attempt(part: NsqPartition, options: Any, staging: Staging) -> tuple[str, list[bytes]]:
+    """One attempt of a partition, as a task runs it: ("ok", rows) or ("superseded", rows)."""
+    rows: list[bytes] = []
+    try:
+        for batch in read_partition(part, options, staging, NAMES):
+            rows.extend(batch.column("body").to_pylist())
+    except Superseded:
+        return "superseded", rows
+    return "ok", rows
+
+
+def test_speculative_attempts_of_one_partition_lose_nothing(
     nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    """Spark hands the session's settings to tasks as local properties: with
-    spark.speculation=true two attempts of a partition could both consume."""
-    from pyspark import TaskContext
+    """spark.speculation=true: two attempts of a partition consume at once. Whichever attempt
+    Spark keeps (any that succeeded), its rows and what is left in the channel hold every body;
+    the MANIFEST (what a replay yields) does too; duplicates stay within a chunk per attempt."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50, max_in_flight=50)
+    staging = Staging(str(tmp_path))
+    part = NsqPartition(batch=1, index=0, max_rows=2000)
+    results: list[tuple[str, list[bytes]]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(_attempt(part, options, staging)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 2 and any(outcome == "ok" for outcome, _ in results)
+    depth = _settled(nsqd, nsq_topic)["depth"]
+    left = drain(nsqd.tcp_address, nsq_topic, CHANNEL, expect=depth, timeout=30)
+    left_over = set(left)
+    manifest = staging.partition(1, 0).manifest()
+    assert manifest is not None
+    replayed = _bodies(read_partition(part, options, staging, NAMES))
+    assert set(replayed) | left_over == set(bodies)
+    for outcome, rows in results:
+        if outcome == "ok":
+            assert set(rows) | left_over == set(bodies)
+    assert len(replayed) + sum(left.values()) - len(bodies) <= 2 * 50
 
-    preload(nsqd.tcp_address, nsq_topic, 10)
-    options = _options(nsqd, nsq_topic, tmp_path)
-    TaskContext._setTaskContext(None)
-    context = TaskContext._getOrCreate()
-    context.__init__(  # type: ignore[misc]
-        stageId=1,
-        partitionId=0,
-        attemptNumber=0,
-        taskAttemptId=7,
-        localProperties={"spark.speculation": "true"},
-    )
-    try:
-        with pytest.raises(ConfigError, match="spark.speculation=true"):
-            list(read_partition(NsqPartition(1, 0, 10), options, Staging(str(tmp_path)), NAMES))
-    finally:
-        TaskContext._setTaskContext(None)
-    assert Staging(str(tmp_path)).batches() == []
-    assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # never subscribed
+
+def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """Another attempt sealed the partition (and wrote its MANIFEST) while this one consumed:
+    this one's next chunk is requeued, not FINed, and the attempt fails so Spark cannot keep
+    its rows."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 400)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50, max_in_flight=50)
+    staging = Staging(str(tmp_path))
+    reader = read_partition(NsqPartition(1, 0, 400), options, staging, NAMES)
+    first = next(reader)
+    stage = staging.partition(1, 0)
+    stage.seal("other")
+    listed = stage.complete_chunks()
+    listed_rows = [stage.chunk_rows(name) for name in listed]
+    stage.write_manifest(listed, listed_rows, len(listed), {})
+    with pytest.raises(Superseded, match="completed by another attempt"):
+        for _ in reader:
+            pass
+    stats = _settled(nsqd, nsq_topic)
+    assert stats["requeue_count"] >= 1
+    # Nothing lost: what the MANIFEST holds plus what is back in the channel is every body.
+    kept = set(_bodies(read_partition(NsqPartition(1, 0, 400), options, staging, NAMES)))
+    assert first.num_rows and set(first.column("body").to_pylist()) <= kept
+    left = drain(nsqd.tcp_address, nsq_topic, CHANNEL, expect=stats["depth"], timeout=30)
+    assert kept | set(left) == set(bodies)
+
+
+def test_a_sealed_partition_without_manifest_is_completed_without_consuming(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """The attempt that sealed died before its MANIFEST: the next one consumes nothing more and
+    completes the partition with every chunk staged there."""
+    preload(nsqd.tcp_address, nsq_topic, 300)
+    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
+    staging = Staging(str(tmp_path))
+    reader = read_partition(NsqPartition(1, 0, 200), options, staging, NAMES)
+    first = next(reader)
+    reader.close()
+    stage = staging.partition(1, 0)
+    stage.seal("died")
+    staged = sum(stage.chunk_rows(name) for name in stage.complete_chunks())
+    depth = _settled(nsqd, nsq_topic)["depth"]
+    rows = _bodies(read_partition(NsqPartition(1, 0, 200), options, staging, NAMES))
+    assert len(rows) == staged and rows[: first.num_rows] == first.column("body").to_pylist()
+    assert _settled(nsqd, nsq_topic)["depth"] == depth  # consumed nothing
+    manifest = stage.manifest()
+    assert manifest is not None and manifest.total == staged
 
 
 def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(

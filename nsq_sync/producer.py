@@ -1,22 +1,30 @@
 """A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
 
-Each publish waits for *its own* answer: responses are matched in FIFO order per connection,
-so many threads pipeline through one connection without waiting for each other. A caller whose
-``timeout`` runs out abandons only its own wait: the connection stays up for the others, and the
-late answer is matched to the abandoned request and dropped.
+This docstring is the producer's design; the modules that carry it out refer to it.
 
-Failover: the producer sticks to one nsqd (the first that works, in the order given) and moves to
-the next one when connecting fails (refused, reset, timed out) or nsqd answers with a
-*retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
-the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
+No task of its own: each publish writes its command and waits for *its own* answer on the
+caller's thread. nsqd answers in order, so answers are matched to requests in FIFO order per
+connection, and many threads pipeline through one connection (:mod:`nsq_sync._requests`: the
+first waiter reads for all, then hands the reading role on). A caller whose ``timeout`` runs
+out abandons only its own wait: the connection stays up for the others, and the late answer is
+matched to the abandoned request and dropped. The connections IDENTIFY with heartbeats off
+(nothing reads while idle; TCP keepalive is on).
+
+Failover (:mod:`nsq_sync._pool`): the producer sticks to one nsqd (the first that works, in
+the order given) and moves to the next one when connecting fails (refused, reset, timed out)
+or nsqd answers with a *retriable* error (E_PUB_FAILED while it shuts down...). It never fails
+over on a rejection of the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail
+the same way everywhere. A publish first tries the preferred nsqd's open connection without
+the failover loop's set-up (the hot path, in :meth:`Producer._publish`); every failed attempt
+goes through :meth:`nsq_sync._pool.Pool.attempt_failed`.
 
 Reconnecting (:mod:`nsq_sync._slots`): one attempt at a time per nsqd, however many threads
-publish; a failed attempt counts once and backs the address off (exponentially, with jitter, up
-to ``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
-:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause (only the publish
-that sees a working address fail for the first time waits for its short first backoff, 25-50 ms,
-and tries once more within its timeout); the first publish after the backoff tries again, and the threads that arrive while it connects wait for
-that attempt (within their own timeout) instead of starting their own.
+publish; the threads that arrive while it connects wait for that attempt (within their own
+timeout) instead of starting their own. A failed attempt counts once and backs the address off
+(exponentially, with jitter, up to ``reconnect_backoff_max``). While every address is backing
+off, a publish fails at once with a :class:`~nsq_sync.errors.PublishError` naming the
+addresses and the last cause; only the publish that sees a working address fail for the first
+time waits for its short first backoff (25-50 ms) and tries once more within its timeout.
 
 Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
 producer was closed or the caller's timeout ran out before the answer) is never sent again
@@ -27,14 +35,14 @@ that certainly did not reach nsqd (connecting failed, nsqd answered with a retri
 always sent elsewhere.
 
 Fork safety: everything that must not cross a fork (the connections, their locks, the count of
-publishes in progress) lives in a per-process pool held by :class:`nsq_sync._fork.PerProcess`.
-In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the fork hook has
-already closed the child's copies of the parent's descriptors (never shutting the parent's
-sockets down), and the first publish builds the child's pool -- exactly once per process,
-however many threads of the child publish at once, and never touching a connection opened in
-the child (see that module for why this holds by construction). A publish of the parent copied
-into the child (gevent copies every greenlet) fails there with a PublishError or
-PublishOutcomeUnknown and goes on in the parent.
+publishes in progress) lives in the per-process :class:`~nsq_sync._pool.Pool`, held by
+:class:`nsq_sync._fork.PerProcess`. In a forked child (gunicorn, uwsgi, celery,
+multiprocessing, Spark workers) the fork hook has already closed the child's copies of the
+parent's descriptors (never shutting the parent's sockets down), and the first publish builds
+the child's pool: exactly once per process, however many threads of the child publish at once,
+and never touching a connection opened in the child (:mod:`nsq_sync._fork` says why this holds
+by construction). A publish of the parent copied into the child (gevent copies every greenlet)
+fails there with a PublishError or PublishOutcomeUnknown and goes on in the parent.
 """
 
 from __future__ import annotations

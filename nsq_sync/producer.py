@@ -149,7 +149,7 @@ class Producer:
         if observer is not None:
             self._observed(observer, "PUB", topic, [body], timeout)
             return
-        # _pub's lines, inline: with metrics off a publish runs in the frames it always had
+        # _pub's lines, inline: with metrics off a publish costs no extra Python frame
         data = commands.pub(topic, body)
         size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
         limit = self.config.max_msg_size

@@ -72,6 +72,7 @@ class Pool:
     publish in progress (list append/pop are atomic: no lock on the publish path).
 
     Args:
+        owner: the Producer, read at each use (closed, retry_unknown).
         holder: the producer's per-process holder of this pool; a pool it no longer holds was
             copied into a forked child, where it must not connect again.
     """

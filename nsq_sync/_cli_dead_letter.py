@@ -77,26 +77,31 @@ def add_dead_letter_command(
     actions = group.add_subparsers(dest="dead_letter_command", metavar="ACTION")
     actions.required = True
 
-    listing = actions.add_parser(
+    def action(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        """An ACTION: it reads a dead-letter TOPIC from the servers of the common options."""
+        parser: argparse.ArgumentParser = actions.add_parser(
+            name, help=help, description=description
+        )
+        add_common(parser, "sub_")
+        parser.add_argument("topic", metavar="TOPIC")
+        return parser
+
+    listing = action(
         "list",
         help="a table of the messages (each put back as it was)",
         description="Print a table of the messages of a dead-letter topic: id, age, attempts, "
         "origin, error, body preview. Each message is put back as it was.",
     )
-    add_common(listing, "sub_")
-    listing.add_argument("topic", metavar="TOPIC")
     listing.add_argument("--limit", type=positive_int, default=1000, metavar="N")
     listing.add_argument("--idle-timeout", type=positive_float, default=2.0, metavar="S")
     listing.set_defaults(func=cmd_list)
 
-    replay = actions.add_parser(
+    replay = action(
         "replay",
         help="republish the original bodies, then remove them from the dead-letter topic",
         description="Republish each original body to its original topic (or --to) and finish "
         "the dead-letter message once nsqd acknowledged the republish.",
     )
-    add_common(replay, "sub_")
-    replay.add_argument("topic", metavar="TOPIC")
     replay.add_argument("--to", metavar="TOPIC", help="republish everything to this topic")
     replay.add_argument("--max-messages", type=positive_int, metavar="N")
     replay.add_argument("--where", metavar="TEXT", help="only messages whose error contains TEXT")

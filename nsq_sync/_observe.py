@@ -9,7 +9,7 @@ Nothing here imports a backend, and nothing is installed until the application c
   and failure count, under its lock (so gauges it sets follow one consumer's order);
 * a consumer's handler (or a BatchConsumer's batch handler) is wrapped once, when metrics are on,
   by :meth:`ConsumerObserver.wrap_handler` (handler duration, the process span): the worker loop
-  itself is unchanged;
+  has no metrics code;
 * a Producer reads :data:`publisher` once per publish call (None while off).
 
 Every counter is incremented where its event happens (prometheus_client's multiprocess mode

@@ -1,11 +1,10 @@
 """One nsqd of a Producer's pool: its connection and its reconnect backoff.
 
-The :class:`~nsq_sync.producer.Producer` decides where a publish goes (failover, deadlines,
-duplicates); a :class:`Slot` keeps one address's state. Connecting is one attempt at a time per
-address, however many threads publish: the slot's lock is held while connecting, and the threads
-that arrive meanwhile wait for that attempt (within their own deadline) and use its connection,
-or see its failure as the slot's backoff. A failure counts once, however many threads saw it,
-and backs the address off exponentially with jitter, up to ``reconnect_backoff_max``.
+A :class:`Slot` keeps one address's state; where a publish goes is the pool's
+(:mod:`nsq_sync._pool`). The rules a slot follows (one connection attempt at a time, a failure
+counted once, exponential backoff) are the producer's design, in :mod:`nsq_sync.producer`. The
+slot's lock is held while connecting: the threads that arrive meanwhile wait for that attempt
+and use its connection, or see its failure as the slot's backoff.
 """
 
 from __future__ import annotations

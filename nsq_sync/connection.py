@@ -7,9 +7,8 @@ The reader task (one per connection) decodes frames, answers ``_heartbeat_`` wit
 hands everything else to a :class:`ConnectionHandler` (the consumer) or to the request waiting
 for it (the producer). It never runs user code, so a slow handler can never delay a heartbeat.
 
-Requests are answered in order, so :meth:`NsqdConnection.request` keeps a FIFO of waiters:
-response *n* belongs to request *n*. That machinery (the waiters, the reading role of a
-connection without a reader task) lives in :mod:`nsq_sync._requests`.
+Requests matched to answers (:meth:`NsqdConnection.request`, with or without a reader task)
+are :mod:`nsq_sync._requests`.
 """
 
 from __future__ import annotations
@@ -54,12 +53,11 @@ class NsqdConnection(RequestsMixin):
 
     * **consumer** (:meth:`start_reader` called): a reader task owns the socket's reading side,
       answers heartbeats and hands messages to the handler;
-    * **request/response** (no reader task, used by the producer): whoever calls
-      :meth:`request` while nobody is reading reads the answers itself, for every waiting
-      request in order, and hands the reading role to the next waiter when its own answer
-      arrived. A lone publisher thus writes and reads on its own thread, with no task switch
-      per publish. Such connections IDENTIFY with heartbeats disabled (nothing reads while
-      idle); dead peers show up as failed publishes, and TCP keepalive is on.
+    * **request/response** (no reader task, used by the producer): a caller of :meth:`request`
+      reads the answers itself (the reading role, :mod:`nsq_sync._requests`), so a lone
+      publisher has no task switch per publish. Such connections IDENTIFY with heartbeats
+      disabled (nothing reads while idle); dead peers show up as failed publishes, and TCP
+      keepalive is on.
 
     :meth:`send` and :meth:`request` are thread-safe.
 

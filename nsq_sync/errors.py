@@ -18,8 +18,7 @@ Naming: the name says who refused.
   protocol does not allow: a malformed message id, a negative RDY count).
 
 So ``InvalidBody`` is an empty or oversized body caught locally, while ``ServerBadBody`` is nsqd
-rejecting one. (Before 0.1 was released the server classes were named ``InvalidError``,
-``BadBody``, ``BadTopic``...; they were renamed without aliases, as none was documented.)
+rejecting one.
 
 Every exception pickles: PySpark and multiprocessing ship exceptions between processes. The rule
 that makes this work is simple: ``self.args`` always holds exactly the constructor's positional

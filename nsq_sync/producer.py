@@ -1,22 +1,30 @@
 """A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
 
-Each publish waits for *its own* answer: responses are matched in FIFO order per connection,
-so many threads pipeline through one connection without waiting for each other. A caller whose
-``timeout`` runs out abandons only its own wait: the connection stays up for the others, and the
-late answer is matched to the abandoned request and dropped.
+This docstring is the producer's design; the modules that carry it out refer to it.
 
-Failover: the producer sticks to one nsqd (the first that works, in the order given) and moves to
-the next one when connecting fails (refused, reset, timed out) or nsqd answers with a
-*retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
-the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
+No task of its own: each publish writes its command and waits for *its own* answer on the
+caller's thread. nsqd answers in order, so answers are matched to requests in FIFO order per
+connection, and many threads pipeline through one connection (:mod:`nsq_sync._requests`: the
+first waiter reads for all, then hands the reading role on). A caller whose ``timeout`` runs
+out abandons only its own wait: the connection stays up for the others, and the late answer is
+matched to the abandoned request and dropped. The connections IDENTIFY with heartbeats off
+(nothing reads while idle; TCP keepalive is on).
+
+Failover (:mod:`nsq_sync._pool`): the producer sticks to one nsqd (the first that works, in
+the order given) and moves to the next one when connecting fails (refused, reset, timed out)
+or nsqd answers with a *retriable* error (E_PUB_FAILED while it shuts down...). It never fails
+over on a rejection of the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail
+the same way everywhere. A publish first tries the preferred nsqd's open connection without
+the failover loop's set-up (the hot path, in :meth:`Producer._publish`); every failed attempt
+goes through :meth:`nsq_sync._pool.Pool.attempt_failed`.
 
 Reconnecting (:mod:`nsq_sync._slots`): one attempt at a time per nsqd, however many threads
-publish; a failed attempt counts once and backs the address off (exponentially, with jitter, up
-to ``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
-:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause (only the publish
-that sees a working address fail for the first time waits for its short first backoff, 25-50 ms,
-and tries once more within its timeout); the first publish after the backoff tries again, and the threads that arrive while it connects wait for
-that attempt (within their own timeout) instead of starting their own.
+publish; the threads that arrive while it connects wait for that attempt (within their own
+timeout) instead of starting their own. A failed attempt counts once and backs the address off
+(exponentially, with jitter, up to ``reconnect_backoff_max``). While every address is backing
+off, a publish fails at once with a :class:`~nsq_sync.errors.PublishError` naming the
+addresses and the last cause; only the publish that sees a working address fail for the first
+time waits for its short first backoff (25-50 ms) and tries once more within its timeout.
 
 Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
 producer was closed or the caller's timeout ran out before the answer) is never sent again
@@ -27,14 +35,14 @@ that certainly did not reach nsqd (connecting failed, nsqd answered with a retri
 always sent elsewhere.
 
 Fork safety: everything that must not cross a fork (the connections, their locks, the count of
-publishes in progress) lives in a per-process pool held by :class:`nsq_sync._fork.PerProcess`.
-In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the fork hook has
-already closed the child's copies of the parent's descriptors (never shutting the parent's
-sockets down), and the first publish builds the child's pool -- exactly once per process,
-however many threads of the child publish at once, and never touching a connection opened in
-the child (see that module for why this holds by construction). A publish of the parent copied
-into the child (gevent copies every greenlet) fails there with a PublishError or
-PublishOutcomeUnknown and goes on in the parent.
+publishes in progress) lives in the per-process :class:`~nsq_sync._pool.Pool`, held by
+:class:`nsq_sync._fork.PerProcess`. In a forked child (gunicorn, uwsgi, celery,
+multiprocessing, Spark workers) the fork hook has already closed the child's copies of the
+parent's descriptors (never shutting the parent's sockets down), and the first publish builds
+the child's pool: exactly once per process, however many threads of the child publish at once,
+and never touching a connection opened in the child (:mod:`nsq_sync._fork` says why this holds
+by construction). A publish of the parent copied into the child (gevent copies every greenlet)
+fails there with a PublishError or PublishOutcomeUnknown and goes on in the parent.
 """
 
 from __future__ import annotations
@@ -48,24 +56,11 @@ from typing import Any
 
 from nsq_sync import _fork, _observe
 from nsq_sync._addresses import parse_address
-from nsq_sync._slots import Slot, SlotBackingOff
+from nsq_sync._pool import Attempts, Pool, not_ok
+from nsq_sync._slots import Slot
 from nsq_sync.config import Config, address_list
-from nsq_sync.connection import NotSent, NsqdConnection
 from nsq_sync.durations import Duration, to_seconds
-from nsq_sync.errors import (
-    AuthError,
-    ConfigError,
-    InvalidBody,
-    NSQConnectionError,
-    ProtocolError,
-    PublishError,
-    PublishOutcomeUnknown,
-    ReadTimeout,
-    RemoteProtocolError,
-    ServerError,
-    Stopped,
-    TLSError,
-)
+from nsq_sync.errors import ConfigError, InvalidBody, Stopped
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.commands import Body
 from nsq_sync.protocol.constants import OK
@@ -75,44 +70,6 @@ from nsq_sync.runtime import AutoRuntime, Runtime, resolve_runtime
 log = logging.getLogger(__name__)
 
 __all__ = ["Producer"]
-
-
-class _Pool:
-    """What one process of a producer owns: the slots, the preferred one and a token per
-    publish in progress (list append/pop are atomic: no lock on the publish path)."""
-
-    __slots__ = ("slots", "current", "active", "watch_patch")
-
-    def __init__(
-        self, addresses: list[str], config: Config, runtime: Runtime, rng: random.Random
-    ) -> None:
-        self.slots = [Slot(a, config, runtime, rng) for a in addresses]  # decides an AutoRuntime
-        self.current = 0
-        self.active: list[None] = []
-        # "auto" chose threads in this process: warn if gevent patches it later
-        self.watch_patch = isinstance(runtime, AutoRuntime) and runtime.name == "threads"
-
-
-def _not_ok(answer: bytes) -> RemoteProtocolError:
-    # nsqd answers a publish with OK or an error frame: anything else means the stream is out
-    # of step with our requests (the outcome is unknown)
-    return RemoteProtocolError(f"nsqd answered a publish with {answer[:100]!r} instead of OK")
-
-
-class _Attempts:
-    """What the failed attempts of one publish have learned (the failover loop's state)."""
-
-    __slots__ = ("timeout", "deadline", "last_error", "maybe_sent", "first_failure")
-
-    def __init__(self, timeout: float, deadline: float) -> None:
-        self.timeout = timeout
-        self.deadline = deadline
-        self.last_error: BaseException | None = None
-        # an earlier attempt wrote it and lost the answer (resent under retry_unknown)
-        self.maybe_sent = False
-        # an address that worked until this publish failed it (first failure, nothing sent):
-        # worth one more try after its short first backoff, within the deadline
-        self.first_failure = False
 
 
 class Producer:
@@ -158,8 +115,9 @@ class Producer:
         self.retry_unknown = retry_unknown
         self._closed = False
         self._rng = random.Random()
-        self._pool = _fork.PerProcess(
-            lambda: _Pool(self.addresses, self.config, self.runtime, self._rng), lazy=True
+        self._pool: _fork.PerProcess[Pool] = _fork.PerProcess(
+            lambda: Pool(self.addresses, self.config, self.runtime, self._rng, self, self._pool),
+            lazy=True,
         )
 
     @property
@@ -191,7 +149,7 @@ class Producer:
         if observer is not None:
             self._observed(observer, "PUB", topic, [body], timeout)
             return
-        # _pub's lines, inline: with metrics off a publish runs in the frames it always had
+        # _pub's lines, inline: with metrics off a publish costs no extra Python frame
         data = commands.pub(topic, body)
         size = len(data) - len(topic) - 9  # "PUB " + topic + "\n" + 4-byte size, then the body
         limit = self.config.max_msg_size
@@ -349,7 +307,7 @@ class Producer:
             if self._closed:
                 raise Stopped("producer is closed")
             # The common case first, without the failover loop's set-up: the preferred nsqd's
-            # connection is up. A failure is handled as any attempt's (_attempt_failed), and
+            # connection is up. A failure is handled as any attempt's (Pool.attempt_failed), and
             # the loop goes on from there.
             attempts = None
             slot = pool.slots[pool.current]
@@ -360,161 +318,17 @@ class Producer:
                     answer = conn.request(data, seconds)
                     if answer == OK:
                         return slot.address
-                    raise _not_ok(answer)
+                    raise not_ok(answer)
                 except Exception as exc:
-                    attempts = _Attempts(seconds, deadline)
-                    self._attempt_failed(slot, conn, True, exc, attempts)
-            return self._publish_with_failover(
-                pool, data, attempts or _Attempts(seconds, time.monotonic() + seconds)
+                    attempts = Attempts(seconds, deadline)
+                    pool.attempt_failed(slot, conn, True, exc, attempts)
+            return pool.publish_with_failover(
+                data, attempts or Attempts(seconds, time.monotonic() + seconds)
             )
         finally:
             active.pop()
 
-    def _watch_late_patch(self, pool: _Pool) -> None:
+    def _watch_late_patch(self, pool: Pool) -> None:
         runtime = self.runtime
         if isinstance(runtime, AutoRuntime) and runtime.patched_late():  # warned (once)
             pool.watch_patch = False
-
-    def _publish_with_failover(self, pool: _Pool, data: bytes, attempts: _Attempts) -> str:
-        deadline = attempts.deadline
-        retried = False
-        slots = pool.slots
-        n = len(slots)
-        while True:
-            start = pool.current
-            # each nsqd, and once more for one whose connection was closed under us (NotSent)
-            for k in range(2 * n):
-                index = (start + k) % n
-                slot = slots[index]
-                if self._closed or time.monotonic() >= deadline:
-                    break
-                if self._pool.peek() is not pool:
-                    # A publish of the parent copied into a forked child (gevent copies every
-                    # greenlet): it goes on in the parent; here it must not connect again.
-                    raise (PublishOutcomeUnknown if attempts.maybe_sent else PublishError)(
-                        "the process forked during this publish; it continues in the parent "
-                        "process only",
-                        attempts.last_error,
-                    )
-                if slot.conn is None and slot.retry_at > time.monotonic():
-                    continue  # backing off
-                conn: NsqdConnection | None = None
-                sent = False
-                try:
-                    conn = slot.conn
-                    if conn is None or conn.closed:
-                        conn = slot.connection(deadline, self._is_closed)
-                    sent = True
-                    answer = conn.request(data, max(0.001, deadline - time.monotonic()))
-                    if answer != OK:
-                        raise _not_ok(answer)
-                except Exception as exc:
-                    self._attempt_failed(slot, conn, sent, exc, attempts)
-                else:
-                    pool.current = index
-                    return slot.address
-            # Wait (within the deadline) for the first address to come back: under retry_unknown,
-            # or once after an address that worked failed for the first time.
-            maybe_sent = attempts.maybe_sent
-            if self._closed or not ((maybe_sent and self.retry_unknown) or attempts.first_failure):
-                break
-            if not maybe_sent:
-                if retried:
-                    break
-                retried = True
-            wait = min(s.retry_at for s in slots) - time.monotonic()
-            if wait >= deadline - time.monotonic():
-                break
-            if wait > 0:
-                self.runtime.sleep(wait)
-        last_error = attempts.last_error
-        if self._closed:
-            if attempts.maybe_sent:
-                raise PublishOutcomeUnknown(
-                    "producer closed before nsqd answered; the message may or may not have "
-                    "been published",
-                    last_error,
-                )
-            raise Stopped("producer closed before the message was sent")
-        message = f"publish failed on every nsqd ({', '.join(self.addresses)})"
-        if last_error is None:  # nothing tried: every address is backing off after a failure
-            last_error = next((s.last_error for s in slots if s.last_error), None)
-            wait = max(0.0, min(s.retry_at for s in slots) - time.monotonic())
-            message += f"; all backing off after failures, next attempt in {wait:.2f} s"
-        if attempts.maybe_sent:
-            raise PublishOutcomeUnknown(
-                message + "; an earlier attempt may have published it", last_error
-            )
-        raise PublishError(message, last_error)
-
-    def _attempt_failed(
-        self,
-        slot: Slot,
-        conn: NsqdConnection | None,
-        sent: bool,
-        error: Exception,
-        attempts: _Attempts,
-    ) -> None:
-        """One attempt on ``slot`` raised ``error``: raise what the caller must see, or learn
-        from it (``attempts``) and return, and the failover loop goes on. ``sent``: the
-        command may have been written (connecting did not fail)."""
-        if isinstance(error, SlotBackingOff):
-            return
-        if isinstance(error, NotSent):
-            # Closed by another thread after we took it: nothing was written. Try this
-            # address again (it reconnects, or is backing off).
-            if slot.conn is conn:
-                slot.conn = None
-            return
-        if isinstance(error, ReadTimeout):
-            if not sent:
-                attempts.last_error = error
-                slot.mark_failed(None, error)
-                return
-            # Our own deadline ran out waiting for the answer: only this request gives up; the
-            # connection stays up for the others (its answer is matched and dropped).
-            raise PublishOutcomeUnknown(
-                f"no answer from nsqd {slot.address} within {attempts.timeout:g} s; the message "
-                "may or may not have been published",
-                error,
-            ) from None
-        if isinstance(error, ServerError):
-            if not error.retriable:
-                raise error
-            attempts.last_error = error  # nsqd answered: it did not take the message
-            slot.mark_failed(conn, error)
-            attempts.first_failure = attempts.first_failure or slot.failures == 1
-        elif isinstance(error, (ProtocolError, TLSError, AuthError)):
-            # Garbage from the peer (typically nsqd's HTTP port given as its TCP port), a TLS
-            # setup that cannot work (certificate not verified, nsqd requires TLS) or AUTH
-            # required without a secret are configuration errors that a retry would only
-            # repeat: do not hammer that address (fail over, or raise at once).
-            attempts.last_error = error
-            slot.mark_failed(conn, error, delay=self.config.reconnect_backoff_max)
-            attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
-        elif isinstance(error, NSQConnectionError):
-            attempts.last_error = error
-            slot.mark_failed(conn if sent else None, error)
-            attempts.maybe_sent = self._unknown_if_sent(sent, slot, error) or attempts.maybe_sent
-            attempts.first_failure = attempts.first_failure or (not sent and slot.failures == 1)
-        else:
-            raise error
-
-    def _unknown_if_sent(self, sent: bool, slot: Slot, error: BaseException) -> bool:
-        """After a failure on ``slot``: raise PublishOutcomeUnknown if the command was written
-        and may not be resent; True if it was written (resent under ``retry_unknown``)."""
-        if not sent:
-            return False
-        if self._closed:
-            raise PublishOutcomeUnknown(
-                f"producer closed before nsqd {slot.address} answered; the message may or may "
-                "not have been published",
-                error,
-            ) from None
-        if not self.retry_unknown:
-            raise PublishOutcomeUnknown(
-                f"connection to nsqd {slot.address} lost before it answered; the message may "
-                "or may not have been published (not resent: retry_unknown is off)",
-                error,
-            ) from None
-        return True

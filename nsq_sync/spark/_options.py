@@ -12,6 +12,7 @@ given too; unknown options raise, so a typo never passes silently.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -197,8 +198,10 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
         raise ConfigError(
             "the nsq source needs option nsqd_tcp_addresses or lookupd_http_addresses"
         )
+    # what both modes read: the validated topic, channel and where to find nsqds
+    source = functools.partial(SourceOptions, names["topic"], names["channel"], direct, lookupds)
     if mine.get("parallelism") is not None:
-        return _parallel_options(mine, config_opts, names, direct, lookupds)
+        return _parallel_options(mine, config_opts, source, direct, lookupds)
     for name in sorted(_PARALLEL_ONLY & set(mine)):
         raise ConfigError(f"option {name} needs option parallelism (the parallel mode)")
     per_batch = _int("max_messages_per_batch", mine.get("max_messages_per_batch"), 1000, 1, 10**7)
@@ -215,11 +218,7 @@ def source_options(options: Mapping[str, str]) -> SourceOptions:
             f"max_in_flight ({config.max_in_flight}): the batch awaiting its commit and the "
             "next one share the in-flight credit"
         )
-    return SourceOptions(
-        topic=names["topic"],
-        channel=names["channel"],
-        nsqd_tcp_addresses=direct,
-        lookupd_http_addresses=lookupds,
+    return source(
         max_messages_per_batch=per_batch,
         commit_flush_after=_seconds(
             "commit_flush_after", mine.get("commit_flush_after"), 0.5, 0.0, 3600.0
@@ -239,7 +238,7 @@ _PARALLEL_ONLY = frozenset(
 def _parallel_options(
     mine: dict[str, str],
     config_opts: dict[str, str],
-    names: dict[str, str],
+    source: Callable[..., SourceOptions],
     direct: tuple[str, ...],
     lookupds: tuple[str, ...],
 ) -> SourceOptions:
@@ -275,11 +274,7 @@ def _parallel_options(
         raise ConfigError(
             f"option chunk_size ({chunk}) must be at most max_in_flight ({config.max_in_flight})"
         )
-    return SourceOptions(
-        topic=names["topic"],
-        channel=names["channel"],
-        nsqd_tcp_addresses=direct,
-        lookupd_http_addresses=lookupds,
+    return source(
         max_messages_per_batch=per_batch,
         commit_flush_after=0.0,
         drain_idle_timeout=_seconds(

@@ -18,7 +18,7 @@ import nsq_sync
 PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
 
 CONSUMER_PARTS = {"connset", "responder", "dispatch", "flusher", "discovery", "message", "stats"}
-PRODUCER_PARTS = {"_slots"}
+PRODUCER_PARTS = {"_slots", "_pool"}
 
 #: lowest first (the layers of ARCHITECTURE.md's module table); a module imports only from its own
 #: layer and the ones before it
@@ -58,8 +58,8 @@ LAYERS: list[tuple[str, set[str]]] = [
 
 #: the producer and the consumer never use each other's parts
 SEPARATE = {
+    **{part: CONSUMER_PARTS | {"consumer", "batch", "running"} for part in PRODUCER_PARTS},
     "producer": CONSUMER_PARTS | {"consumer", "batch", "running"},
-    "_slots": CONSUMER_PARTS | {"consumer", "batch", "running"},
     **{part: PRODUCER_PARTS | {"producer"} for part in CONSUMER_PARTS},
     "consumer": PRODUCER_PARTS | {"producer"},
 }

@@ -56,3 +56,56 @@ def drain(
     finally:
         consumer.stop()
     return seen
+
+
+def spark_submit(
+    cluster: Any,
+    script: Any,
+    args: list[str],
+    local_dir: Any,
+    env_extra: dict[str, str] | None = None,
+    **popen: Any,
+) -> Any:
+    """Start ``spark-submit script args`` on ``cluster`` as an application of its own, taking
+    the worker's third core (the test session's application holds the other two), in a new
+    process session (so that a test can kill the whole driver). Returns the Popen."""
+    import subprocess
+    import sys
+
+    from nsq_sync.testing.spark_cluster import spark_home
+
+    confs = {
+        "spark.cores.max": "1",
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "512m",
+        "spark.driver.memory": "512m",
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.local.dir": str(local_dir),
+    }
+    argv = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
+    for key, value in confs.items():
+        argv += ["--conf", f"{key}={value}"]
+    return subprocess.Popen(
+        [*argv, str(script), *args],
+        env={**cluster.env(), **(env_extra or {})},
+        start_new_session=True,
+        text=True,
+        **popen,
+    )
+
+
+def kill_driver(driver: Any) -> None:
+    """SIGKILL a driver started by :func:`spark_submit`: spark-submit's JVM and the Python
+    program (one process session), and reap it."""
+    import os
+    import signal
+
+    if driver.poll() is None:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    driver.wait(timeout=30)

@@ -1,6 +1,6 @@
 """The parallel nsq source on a real Spark standalone cluster (two executors) against a real nsqd
 at its defaults: executors consume and stage, every body arrives once, the staging location is
-left empty, a killed Python worker and a re-run batch lose nothing."""
+left empty, a killed Python worker and a killed driver lose nothing."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ import collections
 import json
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import channel, preload
+from spark_helpers import channel, kill_driver, preload, spark_submit
 from support.nsq import wait_for
 
 pytestmark = pytest.mark.slow
 
 CHANNEL = "spark"
+DRIVER_APP = Path(__file__).resolve().parent / "driver_restart_app.py"
 
 
 def _stream(spark: Any, nsqd: Any, topic: str, staging: Path | str, **options: Any) -> Any:
@@ -116,52 +118,55 @@ def test_a_wrong_staging_location_fails_when_the_query_starts(
             query.stop()
 
 
-def test_a_batch_run_again_after_its_sink_replays_the_staging(
-    spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+def test_a_driver_killed_after_the_sink_replays_the_staging_when_restarted(
+    spark: Any, spark_cluster: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
-    """The driver dies after a batch's sink and before Spark commits it: the next run of the
-    query runs the same batch again, which reads the staged rows, not NSQ."""
+    """A driver program (spark-submit, an application of its own) is SIGKILLed after batch 0's
+    sink wrote it and before Spark committed it. Started again on the same checkpoint, Spark
+    runs batch 0 again: it reads the staged rows (the same ids), consumes nothing twice, and
+    the query goes on to the end."""
     bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
-    out, staging, checkpoint = tmp_path / "out", tmp_path / "staging", tmp_path / "checkpoint"
-    first_run: dict[int, list[tuple[str, bytes]]] = {}
-
-    def crash_after_sink(batch: Any, batch_id: int) -> None:
-        rows = sorted((r.id, bytes(r.body)) for r in batch.select("id", "body").collect())
-        first_run[batch_id] = rows
-        batch.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
-        raise RuntimeError("the driver died")
-
-    query = _run(
-        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=2000),
-        crash_after_sink,
-        checkpoint,
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [nsqd.tcp_address, nsqd.http_address, nsq_topic, str(work)]
+    log = (tmp_path / "crash.log").open("w")
+    driver = spark_submit(
+        spark_cluster, DRIVER_APP, [*args, "crash"], tmp_path / "local", stdout=log, stderr=log
     )
-    with pytest.raises(Exception, match="the driver died"):
-        query.awaitTermination(240)
-    assert list(first_run) == [0] and len(first_run[0]) == 2000
+    try:
+        wait_for(
+            lambda: (work / "sunk-0").exists() or driver.poll() is not None,
+            "batch 0 written by the first driver",
+            timeout=300,
+        )
+        assert (work / "sunk-0").exists(), (tmp_path / "crash.log").read_text()[-3000:]
+    finally:
+        kill_driver(driver)
+        log.close()
+    crashed = json.loads((work / "rows-0-crash.json").read_text())
+    assert len(crashed) == 2000
     stats = channel(nsqd.http_address, nsq_topic, CHANNEL)
     assert stats["depth"] == 1000 and stats["in_flight_count"] == 0  # batch 0 was FINed
 
-    second_run: dict[int, list[tuple[str, bytes]]] = {}
-
-    def idempotent(batch: Any, batch_id: int) -> None:
-        second_run[batch_id] = sorted(
-            (r.id, bytes(r.body)) for r in batch.select("id", "body").collect()
-        )
-        batch.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
-
-    query = _run(
-        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=2000),
-        idempotent,
-        checkpoint,
+    driver = spark_submit(
+        spark_cluster,
+        DRIVER_APP,
+        [*args, "resume"],
+        tmp_path / "local",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
-    assert query.awaitTermination(240)
-    assert second_run[0] == first_run[0]  # the same rows, message ids included
-    seen = _bodies(spark, out)
+    try:
+        output, _ = driver.communicate(timeout=300)
+    finally:
+        kill_driver(driver)
+    assert driver.returncode == 0 and "resume: done" in output, output[-3000:]
+    assert json.loads((work / "rows-0-resume.json").read_text()) == crashed  # ids included
+    seen = _bodies(spark, work / "out")
     assert sorted(seen) == sorted(bodies) and set(seen.values()) == {1}
     stats = _drained(nsqd, nsq_topic)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0  # nothing read twice
-    assert list(staging.iterdir()) == []
+    assert list((work / "staging").iterdir()) == []
 
 
 def test_a_killed_python_worker_loses_nothing(

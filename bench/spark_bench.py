@@ -75,6 +75,60 @@ print(elapsed)
 """
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _group(cmdline: str) -> str | None:
+    """Which part of the run a process is, from its command line (None: not ours)."""
+    if "nsqd" in cmdline.split(" ", 1)[0]:
+        return "nsqd"
+    if "CoarseGrainedExecutorBackend" in cmdline:
+        return "executor JVMs"
+    if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline or "pyspark/daemon" in cmdline:
+        return "executor Python workers"
+    if "org.apache.spark" in cmdline or "pyspark" in cmdline:
+        return "driver, master and worker JVMs"
+    return None
+
+
+def _cpu() -> dict[str, float]:
+    """CPU seconds used so far by each group of this process's live descendants (Linux /proc:
+    nsqd, the Spark cluster, the driver JVM and their Python workers), plus this process
+    ("bench and driver Python") and its waited-for children ("plain client")."""
+    me = os.getpid()
+    procs: dict[int, tuple[int, str, float]] = {}  # pid -> (ppid, command line, cpu seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK
+        procs[int(entry)] = (int(fields[1]), cmdline, cpu)
+    totals: dict[str, float] = {}
+    for pid, (_, cmdline, cpu) in procs.items():
+        ancestor, hops = procs[pid][0], 0
+        while ancestor not in (me, 0, 1) and ancestor in procs and hops < 64:
+            ancestor, hops = procs[ancestor][0], hops + 1
+        group = _group(cmdline)
+        if ancestor == me and pid != me and group is not None:
+            totals[group] = totals.get(group, 0.0) + cpu
+    own = os.times()
+    totals["bench and driver Python"] = own.user + own.system
+    totals["plain client"] = own.children_user + own.children_system
+    return totals
+
+
+def _cpu_since(before: dict[str, float], rows: int) -> dict[str, Any]:
+    """CPU used since ``before``, per group, in microseconds per row (and the total)."""
+    after = _cpu()
+    used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    per_row = {k: round(v / rows * 1e6, 2) for k, v in sorted(used.items()) if v > 0.005}
+    return {"us_per_row": per_row, "total_us_per_row": round(sum(used.values()) / rows * 1e6, 2)}
+
+
 def _run_python(code: str, *args: Any) -> float:
     out = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
@@ -90,6 +144,7 @@ def _source(
     spark: Any, http: Any, nsqd: Any, topic: str, expected: int, checkpoint: Path, **options: Any
 ) -> Any:
     """Run an availableNow query of the nsq source into ``noop``; return its numbers."""
+    cpu = _cpu()
     reader = (
         spark.readStream.format("nsq")
         .option("nsqd_tcp_addresses", nsqd.tcp_address)
@@ -129,6 +184,7 @@ def _source(
         "phases_s": {k: round(v, 2) for k, v in sorted(phases.items())},
         "batches": len(query.recentProgress),
         "seconds": seconds,
+        "cpu": _cpu_since(cpu, expected),
         "rows_in_recent_progress": rows,
         "rows_per_s": expected / seconds,
         "batches_with_rows": len(progress),
@@ -200,14 +256,21 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup",
             )
 
+            cpu = _cpu()
             start = time.perf_counter()
             publish(rows(n), topic)
             sink_s = time.perf_counter() - start
+            sink_cpu = _cpu_since(cpu, n)
             stats = http.topic_stats(topic, include_clients=False) or {}
             assert stats.get("message_count") == n, stats
+            cpu = _cpu()
             producer_s = _run_python(_PRODUCER, nsqd.tcp_address, plain_topic, n, size)
-            results["sink"] = {"seconds": sink_s, "rows_per_s": n / sink_s}
-            results["producer"] = {"seconds": producer_s, "rows_per_s": n / producer_s}
+            results["sink"] = {"seconds": sink_s, "rows_per_s": n / sink_s, "cpu": sink_cpu}
+            results["producer"] = {
+                "seconds": producer_s,
+                "rows_per_s": n / producer_s,
+                "cpu": _cpu_since(cpu, n),  # includes building the bodies, untimed
+            }
             print(
                 f"sink {n / sink_s:,.0f} rows/s, producer {n / producer_s:,.0f} rows/s", flush=True
             )
@@ -226,8 +289,13 @@ def main(argv: list[str] | None = None) -> int:
                 max_messages_per_batch=args.per_batch,
             )
             print(f"parallel source: {results['parallel']}", flush=True)
+            cpu = _cpu()
             consumer_s = _run_python(_CONSUMER, nsqd.tcp_address, topic, "plain", n)
-            results["consumer"] = {"seconds": consumer_s, "rows_per_s": n / consumer_s}
+            results["consumer"] = {
+                "seconds": consumer_s,
+                "rows_per_s": n / consumer_s,
+                "cpu": _cpu_since(cpu, n),
+            }
 
             results["driver"] = _source(spark, http, nsqd, small, nd, work / "checkpoint-driver")
             print(f"driver source: {results['driver']}", flush=True)
@@ -263,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sink / producer: {results['sink_vs_producer']:.3f}")
     print(f"parallel source / consumer: {results['parallel_vs_consumer']:.3f}")
     print(f"driver-side source / consumer: {results['driver_vs_consumer']:.3f}")
+    print("CPU, microseconds per row (all processes on the machine that take part):")
+    for key in ("sink", "producer", "parallel", "consumer"):
+        print(
+            f"  {key:10}{results[key]['cpu']['total_us_per_row']:>8}  {results[key]['cpu']['us_per_row']}"
+        )
     for key in ("parallel", "driver"):
         r = results[key]
         print(

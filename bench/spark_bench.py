@@ -8,7 +8,7 @@ same topic, all in the same run on the same nsqd.
 Needs the spark extra in .venv (``BOOTSTRAP_SPARK=1 scripts/bootstrap``) and Java 17. Starts its
 own nsqd (no flags: ``--max-rdy-count`` 2500, ``--mem-queue-size`` 10000, as a new user has
 it) and a Spark standalone cluster (master + one 2-core worker) on 127.0.0.1; the application
-runs two 1-core executors. Not part of CI. Prints a table and writes
+runs two 1-core executors (``--executors``). Not part of CI. Prints a table and writes
 ``bench/results/spark.json``.
 
 What is timed:
@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--per-batch", type=int, default=250_000, help="parallel batch rows")
+    parser.add_argument(
+        "--executors", type=int, default=2, help="1-core executors (the worker offers 2 cores)"
+    )
     args = parser.parse_args(argv)
 
     from nsq_sync import NsqdHTTPClient
@@ -213,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         "driver_rows": nd,
         "body_bytes": size,
         "cpus": os.cpu_count(),
+        "executors": args.executors,
+        "parallelism": args.parallelism,
+        "per_batch": args.per_batch,
         "load_before": os.getloadavg(),
     }
     with NsqdProcess(work_dir=work / "nsqd") as nsqd:  # nsqd's defaults
@@ -228,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             spark = cluster.session(
                 "nsq_sync spark bench",
                 **{
-                    "spark.cores.max": "2",
+                    "spark.cores.max": str(args.executors),
                     "spark.executor.cores": "1",
                     "spark.executor.memory": "900m",
                 },
@@ -316,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "spark.json").write_text(json.dumps(results, indent=2))
-    print(f"{size}-byte bodies, {os.cpu_count()} CPUs, Spark standalone (2 executors of 1 core)")
+    print(
+        f"{size}-byte bodies, {os.cpu_count()} CPUs, Spark standalone "
+        f"({args.executors} executor(s) of 1 core)"
+    )
     print(f"{'':44}{'rows':>10}{'rows/s':>12}{'seconds':>10}")
     for key, label, count in (
         ("sink", "sink: df.write.format('nsq')", n),

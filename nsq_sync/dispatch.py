@@ -172,7 +172,12 @@ class WorkerPool:
 
     def start(self, name: str) -> None:
         for i in range(self.concurrency):
-            self.tasks.append(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
+            self.add_task(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
+
+    def add_task(self, task: Task) -> None:
+        """Count ``task`` among the pool's (BatchConsumer's batch task): :meth:`stop` joins it
+        with the workers, and a ``stop()`` called on it is known to be on a handler's task."""
+        self.tasks.append(task)
 
     def flush_held(self) -> None:
         """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
@@ -305,22 +310,20 @@ class WorkerPool:
                 return False
             if isinstance(exc, DeadLetter):
                 self.log.warning("handler gave up on message %r: %s", message, exc)
-                self.give_up(message, exc)
-            elif 0 < self.max_attempts <= message.attempts:
+            elif self._last_attempt(message):
                 self.log.exception(
                     "handler failed on message %r (attempt %d of %d)",
                     message,
                     message.attempts,
                     self.max_attempts,
                 )
-                self.give_up(message, exc)
             else:
                 self.log.exception(
                     "handler failed on message %r (attempt %d); requeueing",
                     message,
                     message.attempts,
                 )
-                message.requeue()
+            self.requeue_or_give_up(message, exc)
             return False
         if message._async:
             return False
@@ -344,9 +347,21 @@ class WorkerPool:
         lock.release()
         return True
 
+    def _last_attempt(self, message: Message) -> bool:
+        return 0 < self.max_attempts <= message.attempts
+
+    def requeue_or_give_up(self, message: Message, error: BaseException) -> None:
+        """The handler failed on ``message`` (unanswered) with ``error``: give it up after
+        :class:`~nsq_sync.errors.DeadLetter` or on its last attempt, else requeue it with the
+        delay policy and backoff. BatchConsumer calls it for each message of a failed batch."""
+        if isinstance(error, DeadLetter) or self._last_attempt(message):
+            self.give_up(message, error)
+        else:
+            message.requeue()
+
     def give_up(self, message: Message, error: BaseException | None = None) -> None:
         """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
-        handler raised: nothing is lost). BatchConsumer calls it for a failed batch.
+        handler raised: nothing is lost).
 
         With a dead-letter topic, in this order: publish the envelope (``error``: the handler's
         exception, None when it had none); then, only once nsqd acknowledged it, the give-up

@@ -184,7 +184,6 @@ class BatchConsumer:
             SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
                 and the consumer stopped gracefully first.
         """
-        self._consumer._check_process()  # in a forked child: Stopped, before any lock is taken
         return run_to_end(
             self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )
@@ -239,6 +238,9 @@ class BatchConsumer:
     # ------------------------------------------------------------------ what run() needs
 
     # (nsq_sync.running.Runnable): the consumer's, but for a fatal error of handle_batch
+
+    def _check_process(self) -> None:
+        self._consumer._check_process()
 
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         self._consumer._set_admit(admit)

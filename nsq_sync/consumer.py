@@ -294,7 +294,6 @@ class Consumer:
                 the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
                 worker).
         """
-        self._check_process()  # before anything takes a lock a parent's thread may have held
         return run_to_end(
             self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )

@@ -1,40 +1,10 @@
 """A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
 
-Each publish waits for *its own* answer: responses are matched in FIFO order per connection,
-so many threads pipeline through one connection without waiting for each other. A caller whose
-``timeout`` runs out abandons only its own wait: the connection stays up for the others, and the
-late answer is matched to the abandoned request and dropped.
-
-Failover: the producer sticks to one nsqd (the first that works, in the order given) and moves to
-the next one when connecting fails (refused, reset, timed out) or nsqd answers with a
-*retriable* error (E_PUB_FAILED while it shuts down...). It never fails over on a rejection of
-the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail the same way everywhere.
-
-Reconnecting (:mod:`nsq_sync._slots`): one attempt at a time per nsqd, however many threads
-publish; a failed attempt counts once and backs the address off (exponentially, with jitter, up
-to ``reconnect_backoff_max``). While every address is backing off, a publish fails at once with a
-:class:`~nsq_sync.errors.PublishError` naming the addresses and the last cause (only the publish
-that sees a working address fail for the first time waits for its short first backoff, 25-50 ms,
-and tries once more within its timeout); the first publish after the backoff tries again, and the threads that arrive while it connects wait for
-that attempt (within their own timeout) instead of starting their own.
-
-Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
-producer was closed or the caller's timeout ran out before the answer) is never sent again
-behind the caller's back: the publish raises :class:`~nsq_sync.errors.PublishOutcomeUnknown`
-(a PublishError). With ``retry_unknown=True`` the producer resends it on the next connection
-instead, within the same timeout: at-least-once, so nsqd may hold the message twice. Commands
-that certainly did not reach nsqd (connecting failed, nsqd answered with a retriable error) are
-always sent elsewhere.
-
-Fork safety: everything that must not cross a fork (the connections, their locks, the count of
-publishes in progress) lives in a per-process pool held by :class:`nsq_sync._fork.PerProcess`.
-In a forked child (gunicorn, uwsgi, celery, multiprocessing, Spark workers) the fork hook has
-already closed the child's copies of the parent's descriptors (never shutting the parent's
-sockets down), and the first publish builds the child's pool -- exactly once per process,
-however many threads of the child publish at once, and never touching a connection opened in
-the child (see that module for why this holds by construction). A publish of the parent copied
-into the child (gevent copies every greenlet) fails there with a PublishError or
-PublishOutcomeUnknown and goes on in the parent.
+Its design is written once, elsewhere: what a publisher sees (failover in the order given,
+timeouts, when a publish may be duplicated, forks) in docs/producer.md; how it works (the
+reading role, the per-process pool, the preferred nsqd first) in ARCHITECTURE.md ("The
+producer"); one nsqd's reconnect backoff in :mod:`nsq_sync._slots`; fork safety in
+:mod:`nsq_sync._fork` and docs/gunicorn.md.
 """
 
 from __future__ import annotations

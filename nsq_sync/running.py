@@ -98,6 +98,9 @@ class Runnable(Protocol):
     def stats(self) -> ConsumerStats:
         """The counters the summary is the difference of."""
 
+    def _check_process(self) -> None:
+        """Raise Stopped in a forked child of the process that started it (before any lock)."""
+
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         """Call ``admit(message)`` before each message is handled; False requeues it at once."""
 
@@ -196,9 +199,11 @@ def run_to_end(
         stop: what stops it at the end (default: ``runnable.stop``).
 
     Raises:
+        Stopped: in a forked child of the process that started ``runnable`` (before anything).
         ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
         SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
     """
+    runnable._check_process()  # first: a lock a parent's thread held at the fork stays held
     run_for = positive_seconds("timeout", timeout)
     idle_for = positive_seconds("idle_timeout", idle_timeout)
     limit = positive_int("max_messages", max_messages)

@@ -1,7 +1,7 @@
 """Running a consumer to an end: ``Consumer.run(timeout=, idle_timeout=, max_messages=)``.
 
 Cron jobs and scripts drain what is there and exit with a status that says whether it all went
-well. :func:`run_to_end` starts what it runs (a :class:`Runnable`: a Consumer or a
+well. :func:`run_to_end` starts what it runs (a ``Runnable``: a Consumer or a
 BatchConsumer), waits for one of the ends listed in :meth:`Consumer.run
 <nsq_sync.consumer.Consumer.run>`, stops it gracefully and returns a :class:`RunSummary`.
 

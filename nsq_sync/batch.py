@@ -237,7 +237,8 @@ class BatchConsumer:
 
     # ------------------------------------------------------------------ what run() needs
 
-    # (nsq_sync.running.Runnable): the consumer's, but for a fatal error of handle_batch
+    # (nsq_sync.running.Runnable: the docstrings are there) the consumer's, and the fatal
+    # error handle_batch raised
 
     def _check_process(self) -> None:
         self._consumer._check_process()

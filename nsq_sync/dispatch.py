@@ -11,14 +11,15 @@ worker calls ``handler(message)``:
 * it raises anything else → the error is logged with its traceback and the message is requeued
   with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
   failure for backoff — unless this was attempt ``max_attempts``, or the error is
-  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``).
-
+  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``);
 * it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
   ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
   goes on answering until it is stopped.
 
-A message delivered with ``attempts > max_attempts`` (max_attempts lowered, or requeued
-explicitly by the application) goes straight to the give-up handler without running the handler.
+The handler does not run for a message whose connection closed before it started (skipped:
+nsqd redelivers it), one taken once the consumer is stopping or refused by ``run()``'s gate
+(requeued at once, no delay), or one delivered with ``attempts > max_attempts`` (max_attempts
+lowered, or requeued explicitly by the application: it goes straight to the give-up handler).
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
 
 Messages whose handler returned are finished in batches (``finish_many``): workers put them on

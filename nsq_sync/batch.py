@@ -29,10 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from nsq_sync._observe import ConsumerObserver
+from nsq_sync._parts import ConsumerParts, PartsUser
 from nsq_sync.config import Config
-from nsq_sync.consumer import Consumer, ConsumerParts, ConsumerStats, PartsUser
+from nsq_sync.consumer import Consumer, ConsumerStats
 from nsq_sync.dispatch import GiveUpHandler, ends_task
-from nsq_sync.errors import ConfigError, DeadLetter
+from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message, claim_all
 from nsq_sync.running import RunSummary, positive_int, positive_seconds, run_to_end
 from nsq_sync.runtime import Runtime
@@ -170,7 +171,7 @@ class BatchConsumer:
             # one of the pool's tasks: the consumer's stop joins it (after the last message
             # in flight was answered) before it closes the connections, so the batch task's
             # last FINs and REQs are written, not cut off
-            self._machinery.pool.tasks.append(self._task)
+            self._machinery.pool.add_task(self._task)
             known.set()
 
     def run(
@@ -183,19 +184,9 @@ class BatchConsumer:
             SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
                 and the consumer stopped gracefully first.
         """
-        self._consumer._check_process()  # in a forked child: Stopped, before any lock is taken
-        summary = run_to_end(
-            self._consumer,
-            timeout=timeout,
-            idle_timeout=idle_timeout,
-            max_messages=max_messages,
-            start=self.start,
-            stop=self.stop,
-            stats=self.stats,
+        return run_to_end(
+            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )
-        if self._fatal is not None:
-            raise self._fatal
-        return summary
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
@@ -244,6 +235,39 @@ class BatchConsumer:
         """As :meth:`Consumer.wait_connected <nsq_sync.consumer.Consumer.wait_connected>`."""
         return self._consumer.wait_connected(timeout)
 
+    # ------------------------------------------------------------------ what run() needs
+
+    # (nsq_sync.running.Runnable: the docstrings are there) the consumer's, and the fatal
+    # error handle_batch raised
+
+    def _check_process(self) -> None:
+        self._consumer._check_process()
+
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        self._consumer._set_admit(admit)
+
+    def _set_budget(self, places: int) -> None:
+        self._consumer._set_budget(places)
+
+    def _pause(self) -> None:
+        self._consumer._pause()
+
+    def _credit(self) -> tuple[int, int, int]:
+        return self._consumer._credit()
+
+    def _nothing_to_consume(self) -> bool:
+        return self._consumer._nothing_to_consume()
+
+    def _end_run(self) -> None:
+        self._consumer._end_run()
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        return self._consumer._wait_stopping(timeout)
+
+    def _fatal_error(self) -> BaseException | None:
+        fatal = self._consumer._fatal_error()
+        return self._fatal if fatal is None else fatal
+
     # ------------------------------------------------------------------ batching
 
     def _collect(self, message: Message) -> None:
@@ -284,8 +308,8 @@ class BatchConsumer:
             if count == 0 and self._stopping:
                 # leave once nothing can reach _collect any more: the consumer is stopping (it
                 # requeues whatever arrives now) and nothing it received is still in flight
-                conns = self._machinery.connections
-                if conns.stopping and conns.in_flight() == 0:
+                connections = self._machinery.connections
+                if connections.stopping and connections.in_flight() == 0:
                     return
                 wait = POLL
             if not batch and count and self._cannot_grow(in_batches):
@@ -352,14 +376,9 @@ class BatchConsumer:
             len(batch),
             len(unanswered),
         )
-        max_attempts = self.config.max_attempts
         parts.connections.count("failed", len(batch))
-        poison = isinstance(error, DeadLetter)
         for message in unanswered:
-            if poison or 0 < max_attempts <= message.attempts:
-                parts.pool.give_up(message, error)
-            else:
-                message.requeue()
+            parts.pool.requeue_or_give_up(message, error)
 
     def _ended(self, batch: list[Message], exc: BaseException) -> None:
         """SystemExit or KeyboardInterrupt (the consumer stops gracefully; run() re-raises it)
@@ -367,7 +386,7 @@ class BatchConsumer:
         in flight."""
         fatal = isinstance(exc, (SystemExit, KeyboardInterrupt))
         if fatal:
-            self._consumer.set_max_in_flight(0)  # first, or nsqd hands the batch straight back
+            self._pause()  # first, or nsqd hands the batch straight back
         for message in batch:
             if not message.has_responded:
                 message.requeue(0.0, backoff=False)

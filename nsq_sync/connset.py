@@ -75,7 +75,7 @@ class ConnectionSet:
         self.runtime = runtime
         self.rdy = rdy
         self.log = log
-        #: guards the table, the RDY manager and the counters (the consumer's only lock)
+        #: guards the table, the RDY manager and the counters (the consumer's central lock)
         self.lock = runtime.rlock()
         self.conns: dict[str, NsqdConnection] = {}
         self.counts = dict.fromkeys(COUNTERS, 0)
@@ -114,6 +114,22 @@ class ConnectionSet:
         run() judges idleness by and BatchConsumer closes batches by."""
         with self.lock:
             return self.rdy.credit_left(), self.in_flight(), self.counts["received"]
+
+    def is_starved(self) -> bool:
+        """True when some connection has >= 85 % of its RDY in flight."""
+        with self.lock:
+            return self.rdy.is_starved()
+
+    def set_observer(self, observer: ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing), first what is up already."""
+        with self.lock:
+            self.observer = observer
+            if observer is not None:
+                for address, state in self.rdy.conns.items():
+                    if address in self.conns:
+                        observer.connection(address, True)
+                        observer.rdy(address, state.rdy)
+                observer.backoff(self.rdy.backoff_level)
 
     def snapshot(self) -> ConsumerStats:
         """The consumer's stats, taken under one lock (consistent with each other)."""

@@ -7,9 +7,9 @@
 The parts: :class:`~nsq_sync.connset.ConnectionSet` (connections, RDY credit, the reader
 callbacks, closing at stop), :class:`~nsq_sync.responder.ConsumerResponder` (FIN/REQ/TOUCH),
 :class:`~nsq_sync.dispatch.WorkerPool`, :class:`~nsq_sync.flusher.Flusher` and
-:class:`~nsq_sync.discovery.Discovery`. The connection set's lock is the consumer's only lock
-(ARCHITECTURE.md has the whole concurrency model). User code (handler, giving_up) never runs
-under it, nor on a reader task.
+:class:`~nsq_sync.discovery.Discovery`. The connection set's lock is the consumer's central
+lock (ARCHITECTURE.md has the whole concurrency model). User code (handler, giving_up) never
+runs under it, nor on a reader task.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync import _fork, _observe
 from nsq_sync._addresses import parse_address, parse_http_address
 from nsq_sync._dead_letterer import DeadLetterer, check_topic
+from nsq_sync._parts import ConsumerParts, PartsUser
 from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config, address_list
 from nsq_sync.connection import NsqdConnection
@@ -43,34 +43,6 @@ from nsq_sync.stats import ConnectionStats, ConsumerStats
 log = logging.getLogger(__name__)
 
 __all__ = ["ConnectionStats", "Consumer", "ConsumerParts", "ConsumerStats", "PartsUser"]
-
-
-@dataclass(frozen=True)
-class ConsumerParts:
-    """A consumer's machinery, for what is built on top of it (BatchConsumer): internal."""
-
-    runtime: Runtime
-    connections: ConnectionSet
-    responder: ConsumerResponder
-    pool: WorkerPool
-
-
-class PartsUser:
-    """Base class of a handler that works with the consumer's parts (BatchConsumer's collector;
-    internal). The consumer calls :meth:`attach` whenever it builds them: at construction, and
-    again at ``start()`` when ``runtime="auto"`` decided on another runtime."""
-
-    __slots__ = ()
-
-    def __call__(self, message: Message) -> Any:
-        raise NotImplementedError
-
-    def attach(self, parts: ConsumerParts) -> None:
-        raise NotImplementedError
-
-    def observe(self, observer: _observe.ConsumerObserver | None) -> None:
-        """Metrics were turned on (or off): time and trace the user's handler through
-        ``observer.wrap_handler``. Default: nothing."""
 
 
 class Consumer:
@@ -182,9 +154,9 @@ class Consumer:
         self._runtime = runtime
         cfg = self.config
         log = self.log
-        conns = ConnectionSet(self.topic, self.channel, cfg, runtime, self._rdy, log)
+        connections = ConnectionSet(self.topic, self.channel, cfg, runtime, self._rdy, log)
         flusher = Flusher(runtime, log)
-        responder = ConsumerResponder(conns, flusher, cfg, log)
+        responder = ConsumerResponder(connections, flusher, cfg, log)
         pool = WorkerPool(
             runtime,
             self._handler,
@@ -192,13 +164,13 @@ class Consumer:
             max_attempts=cfg.max_attempts,
             giving_up=giving_up,
             log=log,
-            on_skip=conns.skipped,
-            on_gave_up=lambda message: conns.count("gave_up"),
+            on_skip=connections.skipped,
+            on_gave_up=lambda message: connections.count("gave_up"),
             on_fatal=self._on_fatal,
             finish_many=responder.finish_many,
             backstop=flusher,
-            on_failed=lambda message: conns.count("failed"),
-            dead_letter=DeadLetterer.for_consumer(self, runtime, conns.count),
+            on_failed=lambda message: connections.count("failed"),
+            dead_letter=DeadLetterer.for_consumer(self, runtime, connections.count),
         )
         discovery = Discovery(
             topic=self.topic,
@@ -209,29 +181,30 @@ class Consumer:
             http_timeout=cfg.lookupd_http_timeout,
             reconnect_max=cfg.reconnect_backoff_max,
             runtime=runtime,
-            connected=conns.addresses,
-            connect=conns.spawn_connect,
+            connected=connections.addresses,
+            connect=connections.spawn_connect,
             log=log,
         )
-        conns.responder = responder
-        conns.deliver = pool.submit_many
-        conns.discovery = discovery
-        self._conns, self._flusher, self._pool, self._discovery = conns, flusher, pool, discovery
+        connections.responder = responder
+        connections.deliver = pool.submit_many
+        connections.discovery = discovery
+        self._connections, self._flusher, self._pool = connections, flusher, pool
+        self._discovery = discovery
         self._stopped_event = runtime.event()  # stop requested (wakes run())
         self._stop_done = runtime.event()  # fully stopped
         if isinstance(self._handler, PartsUser):
-            self._handler.attach(ConsumerParts(runtime, conns, responder, pool))
+            self._handler.attach(ConsumerParts(runtime, connections, responder, pool))
 
     def _decide_runtime(self) -> bool:
         """With runtime="auto", decide the runtime in this process now (at start): when gevent
         patched the process since the consumer was made on threads, build its parts again on
         gevent (threading locks would block the whole gevent hub). True when rebuilt."""
-        if not self._auto_runtime or self._started or self._conns.stopping:
+        if not self._auto_runtime or self._started or self._connections.stopping:
             return False
         if not patched_after(self._runtime):
             return False
         pool, stop_requested = self._pool, self._stopped_event.is_set()
-        with self._conns.lock:
+        with self._connections.lock:
             self._build(
                 resolve_runtime("auto"),
                 self._discovery.direct,
@@ -267,7 +240,7 @@ class Consumer:
                 started in another process before a fork (start a new one in each process).
         """
         self._check_process()
-        if self._conns.stopping:
+        if self._connections.stopping:
             raise Stopped("consumer was stopped; create a new one")
         if self._started:
             return
@@ -283,21 +256,27 @@ class Consumer:
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
         self._flusher.start(name, self._pool)
-        self._conns.start(name)
+        self._connections.start(name)
         self._discovery.start(name)
         _observe.track(self)  # metrics (nsq_sync.metrics), when enabled, now or later
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
     ) -> RunSummary:
-        """Start, block until an end, then stop gracefully (see :mod:`nsq_sync.running`).
+        """Start, block until an end, then stop gracefully. The ends (``summary.reason``):
 
-        The ends: :meth:`stop` (reason ``"stopped"``), SIGTERM/SIGINT (``"signal"``),
-        ``timeout`` seconds (``"timeout"``), ``idle_timeout`` seconds without a message while
-        credit was open (``"idle"``; backoff, reconnecting and pausing are not idle), or
-        ``max_messages`` handler calls started (``"max_messages"``; later messages are requeued
-        at once). Signal handlers are installed only when called from the main thread, and
-        restored after.
+        * ``"stopped"``: :meth:`stop` was called (from another thread, or a handler);
+        * ``"signal"``: SIGTERM or SIGINT (handlers are installed only when run() is called
+          from the main thread, and restored after);
+        * ``"timeout"``: ``timeout`` seconds passed since the run started;
+        * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open (some
+          nsqd could have sent one), or while there was no nsqd to consume from (no direct
+          address, and lookupd lists none). Backoff, reconnecting to a known nsqd, a pause
+          (``max_in_flight`` 0) and every allowed message in flight are not idle;
+        * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
+          messages given up without one). The consumer pauses at once and no further call
+          starts; the credit nsqds hold never exceeds the places left, so only a redelivery
+          arrives after that, and it is requeued at once (docs/cron.md says why this matters).
 
         Args:
             timeout, idle_timeout: seconds (float or timedelta) > 0, or None.
@@ -305,9 +284,7 @@ class Consumer:
 
         Returns:
             A :class:`~nsq_sync.running.RunSummary` (``summary.ok`` is False when a handler
-            failed or a message was given up).
-
-        Returns once the consumer is fully stopped, also when a handler called :meth:`stop`.
+            failed or a message was given up), once the consumer is fully stopped.
 
         Raises:
             ConfigError: a bad argument (nothing started).
@@ -317,7 +294,6 @@ class Consumer:
                 the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
                 worker).
         """
-        self._check_process()  # before anything takes a lock a parent's thread may have held
         return run_to_end(
             self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
         )
@@ -325,7 +301,6 @@ class Consumer:
     def _observe(self, observer: _observe.ConsumerObserver | None) -> None:
         """Report to ``observer`` from now on (None: to nothing); called at start() and when
         a metrics backend is enabled later. Thread-safe."""
-        conns = self._conns
         handler = self._handler
         if isinstance(handler, PartsUser):
             handler.observe(observer)
@@ -333,14 +308,7 @@ class Consumer:
             self._pool.handler = handler
         else:
             self._pool.handler = observer.wrap_handler(handler, False)
-        with conns.lock:
-            conns.observer = observer
-            if observer is not None:  # what is up already (enabled after start)
-                for address, state in conns.rdy.conns.items():
-                    if address in conns.conns:
-                        observer.connection(address, True)
-                        observer.rdy(address, state.rdy)
-                observer.backoff(conns.rdy.backoff_level)
+        self._connections.set_observer(observer)
 
     def _check_process(self) -> None:
         # A started consumer's threads do not survive a fork, and its sockets are the
@@ -352,28 +320,41 @@ class Consumer:
     def _abandon_in_child(self) -> None:
         # The fork hook, in a forked child (nsq_sync._fork; takes no lock): this copy is dead.
         # Its connections and tasks are abandoned by their own hooks; nothing may reconnect.
-        self._conns.stopping = True
+        self._connections.stopping = True
         self._discovery.abandon()
 
+    # ------------------------------------------------------------------ what run() needs
+
+    # (nsq_sync.running.Runnable: the docstrings are there)
+
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
-        """Install the run's gate on handler calls (see WorkerPool.admit)."""
         self._pool.admit = admit
 
     def _set_budget(self, places: int) -> None:
-        """Let nsqd deliver no more messages than ``places`` (run(max_messages=)) leaves once
-        the messages already queued for the workers have taken theirs."""
-        self._conns.set_budget(max(0, places - self._pool.queued()))
+        # the messages already queued for the workers take their places first
+        self._connections.set_budget(max(0, places - self._pool.queued()))
 
-    def _nothing_to_consume(self) -> bool:
-        """No nsqd to connect to: no direct address, and lookupd answered that none carries the
-        topic. For run(), waiting then is idle (nothing will arrive), unlike reconnecting."""
-        d = self._discovery
-        return not self._conns.addresses() and not d.direct and d.answered and not d.discovered
+    def _pause(self) -> None:
+        self.set_max_in_flight(0)
 
     def _credit(self) -> tuple[int, int, int]:
-        """(messages nsqds may still send, messages in flight, messages received so far): what
-        run() judges idleness by."""
-        return self._conns.credit()
+        return self._connections.credit()
+
+    def _nothing_to_consume(self) -> bool:
+        # no direct address, and lookupd answered that no nsqd carries the topic: unlike
+        # reconnecting, nothing will arrive
+        d = self._discovery
+        connected = self._connections.addresses()
+        return not connected and not d.direct and d.answered and not d.discovered
+
+    def _end_run(self) -> None:
+        self._stopped_event.set()  # read now: start() may have built it anew (runtime="auto")
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        return bool(self._stopped_event.wait(timeout))
+
+    def _fatal_error(self) -> BaseException | None:
+        return self._fatal
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
@@ -393,7 +374,7 @@ class Consumer:
         """
         self._check_process()
         deadline = time.monotonic() + to_seconds(timeout, "timeout")
-        conns = self._conns.close_subscription(self._on_stopping)  # None: a stop had begun
+        conns = self._connections.close_subscription(self._on_stopping)  # None: stop had begun
         own_task = self._on_own_task()
         if conns is not None:
             if own_task:
@@ -424,22 +405,22 @@ class Consumer:
         """The rest of :meth:`stop`, after RDY 0 and CLS went out: drain, close, join."""
         try:
             self._discovery.stop(max(0.1, deadline - time.monotonic()))
-            subscription = self._conns
+            connections = self._connections
             while True:
                 for message in self._pool.drain():  # queued, or arrived after RDY 0
                     message.requeue(0.0, backoff=False)
-                if subscription.settled(conns) or time.monotonic() >= deadline:
+                if connections.settled(conns) or time.monotonic() >= deadline:
                     break
                 self.runtime.sleep(0.01)
-            clean = subscription.settled(conns)
+            clean = connections.settled(conns)
             if not clean:
                 self.log.warning(
                     "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
-                    subscription.in_flight(),
+                    connections.in_flight(),
                 )
             self._pool.stop(max(0.1, deadline - time.monotonic()))
             self._flusher.stop()
-            subscription.close_all(conns, deadline)
+            connections.close_all(conns, deadline)
             self._stop_clean = clean
         finally:
             self._stop_done.set()
@@ -455,9 +436,7 @@ class Consumer:
 
     def is_starved(self) -> bool:
         """True when some connection has >= 85 % of its RDY in flight (flush batches now)."""
-        conns = self._conns
-        with conns.lock:
-            return conns.rdy.is_starved()
+        return self._connections.is_starved()
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change the total in-flight credit at run time; 0 pauses consumption.
@@ -471,11 +450,11 @@ class Consumer:
             or max_in_flight < 0
         ):
             raise ConfigError(f"max_in_flight must be an int >= 0, got {max_in_flight!r}")
-        self._conns.set_max_in_flight(max_in_flight)
+        self._connections.set_max_in_flight(max_in_flight)
 
     def stats(self) -> ConsumerStats:
         """A consistent snapshot of connections, RDY, in-flight and counters."""
-        return self._conns.snapshot()
+        return self._connections.snapshot()
 
     def wait_connected(self, timeout: float | None = None) -> bool:
         """Block until at least one nsqd connection is subscribed (cron jobs and tests use
@@ -484,14 +463,14 @@ class Consumer:
         Returns:
             True when connected, False when ``timeout`` seconds passed first.
         """
-        return bool(self._conns.connected.wait(timeout))
+        return bool(self._connections.connected.wait(timeout))
 
     # ------------------------------------------------------------------ WorkerPool hooks
 
     def _on_fatal(self, error: BaseException) -> None:
         """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):
         stop gracefully; :meth:`run` re-raises it in the thread that called it."""
-        with self._conns.lock:
+        with self._connections.lock:
             if self._fatal is None:
                 self._fatal = error
         self.log.error("handler raised %r; stopping the consumer", error)

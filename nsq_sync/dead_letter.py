@@ -180,7 +180,7 @@ class _Reading:
         if self.reason is None:
             self.reason = reason
         self.consumer.set_max_in_flight(0)
-        self.consumer._stopped_event.set()
+        self.consumer._end_run()
 
     def stop(self) -> None:
         """run()'s stop: no more credit, the held messages requeued, then a graceful stop."""

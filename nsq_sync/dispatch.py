@@ -11,14 +11,15 @@ worker calls ``handler(message)``:
 * it raises anything else → the error is logged with its traceback and the message is requeued
   with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
   failure for backoff — unless this was attempt ``max_attempts``, or the error is
-  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``).
-
+  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``);
 * it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
   ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
   goes on answering until it is stopped.
 
-A message delivered with ``attempts > max_attempts`` (max_attempts lowered, or requeued
-explicitly by the application) goes straight to the give-up handler without running the handler.
+The handler does not run for a message whose connection closed before it started (skipped:
+nsqd redelivers it), one taken once the consumer is stopping or refused by ``run()``'s gate
+(requeued at once, no delay), or one delivered with ``attempts > max_attempts`` (max_attempts
+lowered, or requeued explicitly by the application: it goes straight to the give-up handler).
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
 
 Messages whose handler returned are finished in batches (``finish_many``): workers put them on
@@ -172,7 +173,12 @@ class WorkerPool:
 
     def start(self, name: str) -> None:
         for i in range(self.concurrency):
-            self.tasks.append(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
+            self.add_task(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
+
+    def add_task(self, task: Task) -> None:
+        """Count ``task`` among the pool's (BatchConsumer's batch task): :meth:`stop` joins it
+        with the workers, and a ``stop()`` called on it is known to be on a handler's task."""
+        self.tasks.append(task)
 
     def flush_held(self) -> None:
         """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
@@ -305,22 +311,20 @@ class WorkerPool:
                 return False
             if isinstance(exc, DeadLetter):
                 self.log.warning("handler gave up on message %r: %s", message, exc)
-                self.give_up(message, exc)
-            elif 0 < self.max_attempts <= message.attempts:
+            elif self._last_attempt(message):
                 self.log.exception(
                     "handler failed on message %r (attempt %d of %d)",
                     message,
                     message.attempts,
                     self.max_attempts,
                 )
-                self.give_up(message, exc)
             else:
                 self.log.exception(
                     "handler failed on message %r (attempt %d); requeueing",
                     message,
                     message.attempts,
                 )
-                message.requeue()
+            self.requeue_or_give_up(message, exc)
             return False
         if message._async:
             return False
@@ -344,9 +348,21 @@ class WorkerPool:
         lock.release()
         return True
 
+    def _last_attempt(self, message: Message) -> bool:
+        return 0 < self.max_attempts <= message.attempts
+
+    def requeue_or_give_up(self, message: Message, error: BaseException) -> None:
+        """The handler failed on ``message`` (unanswered) with ``error``: give it up after
+        :class:`~nsq_sync.errors.DeadLetter` or on its last attempt, else requeue it with the
+        delay policy and backoff. BatchConsumer calls it for each message of a failed batch."""
+        if isinstance(error, DeadLetter) or self._last_attempt(message):
+            self.give_up(message, error)
+        else:
+            message.requeue()
+
     def give_up(self, message: Message, error: BaseException | None = None) -> None:
         """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
-        handler raised: nothing is lost). BatchConsumer calls it for a failed batch.
+        handler raised: nothing is lost).
 
         With a dead-letter topic, in this order: publish the envelope (``error``: the handler's
         exception, None when it had none); then, only once nsqd acknowledged it, the give-up

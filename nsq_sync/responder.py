@@ -37,7 +37,7 @@ class ConsumerResponder:
     """Answers a consumer's messages. Thread-safe (workers and application threads call it).
 
     Args:
-        conns: the consumer's connections (lock, RDY manager, counters).
+        connections: the consumer's connections (lock, RDY manager, counters).
         flusher: writes buffered answers.
         config: requeue delays.
         log: the consumer's logger.
@@ -45,12 +45,12 @@ class ConsumerResponder:
 
     def __init__(
         self,
-        conns: ConnectionSet,
+        connections: ConnectionSet,
         flusher: Flusher,
         config: Config,
         log: logging.Logger | logging.LoggerAdapter[Any],
     ) -> None:
-        self.conns = conns
+        self.connections = connections
         self.flusher = flusher
         self.config = config
         self.log = log
@@ -59,7 +59,7 @@ class ConsumerResponder:
         conn = message._conn
         if conn is None:
             return
-        rdy = self.conns.rdy
+        rdy = self.connections.rdy
         self._answer(conn, commands.fin(message.id), "finished", lambda key: rdy.on_finish(key))
 
     def finish_many(self, messages: list[Message]) -> None:
@@ -83,21 +83,23 @@ class ConsumerResponder:
                     by_conn[message._conn] = [message]
                 else:
                     group.append(message)
-        conns = self.conns
+        connections = self.connections
         for conn, group in by_conn.items():
             if conn is None:
                 continue
             n = len(group)
-            with conns.lock:
-                key = conns.key(conn)
-                quiet = conns.rdy.finish_quietly(key, n)
+            with connections.lock:
+                key = connections.key(conn)
+                quiet = connections.rdy.finish_quietly(key, n)
                 if quiet:
-                    conns.counts["finished"] += n
-                    if conns.rdy.budget is not None:  # its deadlines may have moved
-                        conns.wake_timer()
-                    observer = conns.observer
+                    connections.counts["finished"] += n
+                    if connections.rdy.budget is not None:  # its deadlines may have moved
+                        connections.wake_timer()
+                    observer = connections.observer
                     if observer is not None:
-                        observer.answered("finished", conn.address, n, conns.in_flight_of(key))
+                        observer.answered(
+                            "finished", conn.address, n, connections.in_flight_of(key)
+                        )
             if not quiet:
                 for message in group:
                     self.finish(message)
@@ -115,8 +117,8 @@ class ConsumerResponder:
         if delay is None:
             delay = cfg.default_requeue_delay * message.attempts
         delay = min(delay, cfg.max_requeue_delay)
-        counts = backoff and not self.conns.stopping
-        rdy = self.conns.rdy
+        counts = backoff and not self.connections.stopping
+        rdy = self.connections.rdy
         self._answer(
             conn,
             commands.req(message.id, delay),
@@ -127,7 +129,7 @@ class ConsumerResponder:
     def touch(self, message: Message) -> None:
         conn = message._conn
         if conn is not None:
-            self.conns.send(conn, commands.touch(message.id))
+            self.connections.send(conn, commands.touch(message.id))
 
     def _answer(
         self,
@@ -143,14 +145,14 @@ class ConsumerResponder:
         FIN/REQ (which frees a slot) and the RDY 0. A message from a connection that was replaced
         since counts for backoff but not for the new connection.
         """
-        conns = self.conns
-        with conns.lock:
-            key = conns.key(conn)
-            conns.apply_and_wake(lambda: rdy_event(key))
-            conns.counts[what] += 1
-            observer = conns.observer
+        connections = self.connections
+        with connections.lock:
+            key = connections.key(conn)
+            connections.apply_and_wake(lambda: rdy_event(key))
+            connections.counts[what] += 1
+            observer = connections.observer
             if observer is not None:
-                observer.answered(what, conn.address, 1, conns.in_flight_of(key))
+                observer.answered(what, conn.address, 1, connections.in_flight_of(key))
         self._write(conn, data, what, 1, now=False)
 
     def _write(self, conn: NsqdConnection, data: bytes, what: str, n: int, now: bool) -> None:

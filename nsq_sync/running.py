@@ -1,25 +1,9 @@
 """Running a consumer to an end: ``Consumer.run(timeout=, idle_timeout=, max_messages=)``.
 
 Cron jobs and scripts drain what is there and exit with a status that says whether it all went
-well. :func:`run_to_end` starts a consumer, waits for one of the ends below, stops the consumer
-gracefully and returns a :class:`RunSummary`:
-
-* ``"stopped"``: :meth:`~nsq_sync.consumer.Consumer.stop` was called (from another thread);
-* ``"signal"``: SIGTERM or SIGINT arrived (handlers are installed from the main thread only);
-* ``"timeout"``: ``timeout`` seconds passed since the run started;
-* ``"idle"``: ``idle_timeout`` seconds passed without a message while credit was open, that is
-  while some nsqd could have sent one (RDY above its in-flight count), or while there was no nsqd
-  to consume from (no direct address, and lookupd listed none for the topic). Time spent in
-  backoff (RDY 0), reconnecting to a known nsqd or paused (``max_in_flight`` 0) is not idle, nor
-  is time when every message the credit allows is in flight (the handlers are busy);
-* ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and messages
-  given up without one). The consumer pauses (RDY 0) at once and no further call starts:
-  messages that arrive after that are requeued at once with no delay, like those ``stop()``
-  hands back. There are none unless nsqd redelivers (a reconnect, a message timeout): the
-  credit the nsqds hold never exceeds the places left (the RDY manager's budget,
-  ``nsq_sync.rdy_budget``), so nsqd delivers no more than the run handles. This matters
-  because nsqd counts an attempt at every delivery: a message handed back by several runs in
-  a row would reach ``max_attempts`` and be given up without its handler ever seeing it.
+well. :func:`run_to_end` starts what it runs (a ``Runnable``: a Consumer or a
+BatchConsumer), waits for one of the ends listed in :meth:`Consumer.run
+<nsq_sync.consumer.Consumer.run>`, stops it gracefully and returns a :class:`RunSummary`.
 
 Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
 ``idle_timeout`` if that is shorter), so ends come at most that late.
@@ -29,21 +13,22 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import logging
 import math
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsq_sync.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nsq_sync.consumer import Consumer, ConsumerStats
     from nsq_sync.message import Message
+    from nsq_sync.stats import ConsumerStats
 
-__all__ = ["RunSummary", "run_to_end"]
+__all__ = ["RunSummary", "Runnable", "run_to_end"]
 
 #: longest gap between two looks at the consumer's state while an end needs watching, in seconds
 POLL = 0.05
@@ -65,7 +50,7 @@ class RunSummary:
             :class:`~nsq_sync.errors.DeadLetter` raised).
         elapsed: seconds the run took, the graceful stop included.
         reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
-            ``"max_messages"``.
+            ``"max_messages"`` (see :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`).
         dead_lettered: messages given up and published to the dead-letter topic (also in
             ``gave_up``).
     """
@@ -92,6 +77,54 @@ class RunSummary:
         requeued before), otherwise 0 when :attr:`ok` and 1 when handlers failed or gave up (a
         run ended by ``idle_timeout``, ``max_messages`` or ``timeout``, so cron can alert)."""
         return 0 if self.reason in ("signal", "stopped") or self.ok else 1
+
+
+class Runnable(Protocol):
+    """What :func:`run_to_end` needs from what it runs; Consumer and BatchConsumer provide it.
+
+    The underscore methods are internal: they exist for ``run()``, not for users.
+    """
+
+    @property
+    def log(self) -> logging.LoggerAdapter[Any]:
+        """The logger the run reports to."""
+
+    def start(self) -> None:
+        """Start consuming; returns at once."""
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully (the end of every run)."""
+
+    def stats(self) -> ConsumerStats:
+        """The counters the summary is the difference of."""
+
+    def _check_process(self) -> None:
+        """Raise Stopped in a forked child of the process that started it (before any lock)."""
+
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        """Call ``admit(message)`` before each message is handled; False requeues it at once."""
+
+    def _set_budget(self, places: int) -> None:
+        """Let nsqd deliver no more messages than ``places`` (``max_messages``) leaves."""
+
+    def _pause(self) -> None:
+        """Receive nothing more (RDY 0 everywhere): ``max_messages`` was reached."""
+
+    def _credit(self) -> tuple[int, int, int]:
+        """(messages nsqds may still send, messages in flight, messages received so far)."""
+
+    def _nothing_to_consume(self) -> bool:
+        """True when there is no nsqd to consume from (waiting then is idle)."""
+
+    def _end_run(self) -> None:
+        """Make the run end now (it then stops gracefully); safe in a signal handler."""
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever) for stop() or :meth:`_end_run`;
+        True once either came."""
+
+    def _fatal_error(self) -> BaseException | None:
+        """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
 
 
 def positive_seconds(name: str, value: object) -> float | None:
@@ -149,47 +182,45 @@ class _Admission:
 
 
 def run_to_end(
-    consumer: Consumer,
+    runnable: Runnable,
     *,
     timeout: Any = None,
     idle_timeout: Any = None,
     max_messages: Any = None,
-    start: Callable[[], None] | None = None,
     stop: Callable[[], object] | None = None,
-    stats: Callable[[], ConsumerStats] | None = None,
 ) -> RunSummary:
-    """Start ``consumer``, block until an end (see the module docstring), stop it gracefully.
+    """Start ``runnable``, block until an end (listed in :meth:`Consumer.run
+    <nsq_sync.consumer.Consumer.run>`), stop it gracefully.
 
     Args:
-        consumer: the consumer whose state is watched.
+        runnable: what runs (a Consumer or a BatchConsumer).
         timeout, idle_timeout: seconds (or timedelta) > 0, or None for no such end.
         max_messages: handler calls, or None.
-        start, stop, stats: what starts, stops and counts (default: the consumer's own; a
-            BatchConsumer passes its own).
+        stop: what stops it at the end (default: ``runnable.stop``).
 
     Raises:
+        Stopped: in a forked child of the process that started ``runnable`` (before anything).
         ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
         SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
     """
+    runnable._check_process()  # first: a lock a parent's thread held at the fork stays held
     run_for = positive_seconds("timeout", timeout)
     idle_for = positive_seconds("idle_timeout", idle_timeout)
     limit = positive_int("max_messages", max_messages)
-    start = start or consumer.start
-    stop = stop or consumer.stop
-    stats = stats or consumer.stats
+    stop = stop or runnable.stop
 
     began = time.monotonic()
-    before = stats()
-    admission = _Admission(limit, on_reached=lambda: consumer.set_max_in_flight(0))
-    consumer._set_admit(admission)
+    before = runnable.stats()
+    admission = _Admission(limit, on_reached=runnable._pause)
+    runnable._set_admit(admission)
     if limit is not None:
-        consumer._set_budget(limit)
+        runnable._set_budget(limit)
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
-        consumer.log.info("signal %d received; stopping", signum)
+        runnable.log.info("signal %d received; stopping", signum)
         signalled.append(signum)
-        consumer._stopped_event.set()  # read here: start() may build it anew (runtime="auto")
+        runnable._end_run()
 
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -197,8 +228,7 @@ def run_to_end(
             previous[sig] = signal.signal(sig, on_signal)
     reason = "stopped"
     try:
-        start()
-        stopped = consumer._stopped_event
+        runnable.start()
         poll = None
         if idle_for is not None or limit is not None:
             poll = POLL if idle_for is None else min(POLL, idle_for / 10)
@@ -213,16 +243,16 @@ def run_to_end(
                     reason = "timeout"
                     break
                 wait = deadline - now if wait is None else min(wait, deadline - now)
-            # signals interrupt the wait on POSIX; a signal or stop() sets the event
-            if stopped.wait(wait):
+            # signals interrupt the wait on POSIX; a signal or stop() ends it
+            if runnable._wait_stopping(wait):
                 reason = "signal" if signalled else "stopped"
                 break
             if admission.reached:
                 reason = "max_messages"
                 break
             if idle_for is not None:
-                credit, _, count = consumer._credit()
-                credit_open = credit > 0 or consumer._nothing_to_consume()
+                credit, _, count = runnable._credit()
+                credit_open = credit > 0 or runnable._nothing_to_consume()
                 now = time.monotonic()
                 if count != received or not credit_open:
                     received = count
@@ -236,9 +266,10 @@ def run_to_end(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop()
-    if consumer._fatal is not None:  # a handler raised SystemExit/KeyboardInterrupt
-        raise consumer._fatal
-    after = stats()
+    fatal = runnable._fatal_error()
+    if fatal is not None:
+        raise fatal
+    after = runnable.stats()
     summary = RunSummary(
         handled=admission.admitted(),
         finished=after.finished - before.finished,
@@ -249,5 +280,5 @@ def run_to_end(
         reason=reason,
         dead_lettered=after.dead_lettered - before.dead_lettered,
     )
-    consumer.log.info("run ended (%s): %s", reason, summary)
+    runnable.log.info("run ended (%s): %s", reason, summary)
     return summary

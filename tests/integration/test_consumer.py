@@ -169,7 +169,7 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
     )
     consumer.start()
     assert started.wait(TIMEOUT)
-    conn = consumer._conns.conns[nsqd.tcp_address]
+    conn = consumer._connections.conns[nsqd.tcp_address]
     wait_for(lambda: handler.handled == 1, "the slow message handled", timeout=15)
     wait_for(lambda: drained(client, nsq_topic), "an empty channel")
     assert handler.calls == 1 and handler.attempts == [1]
@@ -177,7 +177,7 @@ def test_slow_handler_keeps_its_connection_through_heartbeats(
     assert stats["timeout_count"] == 0 and stats["requeue_count"] == 0
     assert stats["message_count"] == 1
     # the same connection, still alive: heartbeats kept it open while the handler ran
-    assert consumer._conns.conns.get(nsqd.tcp_address) is conn
+    assert consumer._connections.conns.get(nsqd.tcp_address) is conn
     assert not conn.closed
     assert stats["client_count"] == 1
 
@@ -235,7 +235,7 @@ def test_reconnects_after_nsqd_restart(
     )
     consumer.start()
     wait_for(lambda: handler.handled == 10, "the first 10 messages")
-    first = consumer._conns.conns[nsqd.tcp_address]
+    first = consumer._connections.conns[nsqd.tcp_address]
     wait_for(lambda: drained(client, nsq_topic), "the first batch finished on nsqd")
 
     nsqd.restart()
@@ -244,7 +244,7 @@ def test_reconnects_after_nsqd_restart(
     client.mpub(nsq_topic, bodies(20, "after"))
 
     def reconnected() -> bool:
-        conn = consumer._conns.conns.get(nsqd.tcp_address)
+        conn = consumer._connections.conns.get(nsqd.tcp_address)
         return conn is not None and conn is not first and not conn.closed
 
     wait_for(reconnected, "a new connection to the restarted nsqd")

@@ -271,7 +271,7 @@ def test_an_nsqd_dialled_while_connected_keeps_one_connection_and_its_credit(
     )
     consumer.start()
     wait_for(lambda: channel(client, nsq_topic)["client_count"] == 1, "the consumer connected")
-    consumer._conns._connect(nsqd.tcp_address)  # returns once nsqd has the new one subscribed
+    consumer._connections._connect(nsqd.tcp_address)  # returns once nsqd has the new one subscribed
     wait_for(lambda: channel(client, nsq_topic)["client_count"] == 1, "the new connection closed")
     client.pub(nsq_topic, b"after")
     wait_for(lambda: handled == [b"after"], "the message handled on the first connection")

@@ -555,7 +555,7 @@ def test_started_consumer_in_a_forked_child_raises_naming_the_fix(
             # (under gevent) the copies of the consumer's tasks end, their sockets closed
             tasks = list(consumer._pool.tasks)
             wait_for(lambda: not any(t.is_alive() for t in tasks), "the copied tasks to end")
-            conns = list(consumer._conns.conns.values())
+            conns = list(consumer._connections.conns.values())
             return {"messages": messages, "open": sum(not c.closed for c in conns)}
 
         def child_finish() -> None:

@@ -201,13 +201,13 @@ def test_c_fork_started_consumer_raises_naming_the_fix(nsqd_factory: Any, nsq_to
                     call()
                 except Stopped as exc:
                     messages.append(str(exc))
-            conns = list(consumer._conns.conns.values())
+            conns = list(consumer._connections.conns.values())
             return {"messages": messages, "open": sum(not c.closed for c in conns)}
 
         held, release = threading.Event(), threading.Event()
 
         def holding() -> None:  # one of the consumer's threads, caught holding the lock
-            with consumer._conns.lock:
+            with consumer._connections.lock:
                 held.set()
                 release.wait(CHILD_TIMEOUT)
 

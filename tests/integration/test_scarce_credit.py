@@ -115,7 +115,7 @@ def test_one_credit_over_two_nsqds_follows_the_messages(
     wait_for(lambda: len(connected_addresses(consumer)) == 2, "both nsqds connected")
     # An idle consumer tries each nsqd once (unproductive_after each), then the credit stays
     # put until a probe is due (low_rdy_idle_timeout, 10 s): long enough for the case.
-    rdy = consumer._conns.rdy  # (private: which nsqd was found empty when)
+    rdy = consumer._connections.rdy  # (private: which nsqd was found empty when)
     wait_for(
         lambda: (
             len(holders(consumer)) == 1

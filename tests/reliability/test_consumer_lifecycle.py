@@ -102,7 +102,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     wait_for(lambda: tally.covers(published), "the warm-up messages")
     expected = sorted(n.tcp_address for n in cluster.nsqds)
     assert connected_addresses(consumer) == expected
-    before = {id(c) for c in consumer._conns.conns.values()}
+    before = {id(c) for c in consumer._connections.conns.values()}
 
     bodies = make_bodies(scaled(6000), "paced")
     publisher = Paced(urls, nsq_topic, bodies, batch=20, interval=0.02)
@@ -126,7 +126,7 @@ def test_lookupd_restarted_mid_consumption_keeps_every_connection(
     # backlog drains, so a stall shows as one long gap wherever it fell)
     window = [t_first, *sorted(t for t in handled_at if t >= t_first)]
     gap = max(b - a for a, b in zip(window, window[1:]))
-    closed = len(before - {id(c) for c in consumer._conns.conns.values()})
+    closed = len(before - {id(c) for c in consumer._connections.conns.values()})
     lost = tally.lost(published)
     record_figures(
         record_property,

@@ -88,7 +88,7 @@ def test_cut_every_two_seconds_loses_nothing(
 
         def cutter() -> None:
             while not done.wait(2.0):  # the fault schedule, not a synchronisation
-                old = list(consumer._conns.conns.values())
+                old = list(consumer._connections.conns.values())
                 t = time.monotonic()
                 if proxy.cut():
                     faults.append((t, old))
@@ -196,7 +196,7 @@ def test_nsqd_restarted_mid_consumption_loses_nothing(
         )
         handled_at.append(tally.unique)
         wait_for(lambda: connected_addresses(consumer), "a connection to restart")
-        old = list(consumer._conns.conns.values())
+        old = list(consumer._connections.conns.values())
         t_fault = time.monotonic()
         nsqd.restart()
         restarts_s.append(time.monotonic() - t_fault)
@@ -257,7 +257,7 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
         timeout=60.0,
         interval=0.005,
     )
-    old = list(consumer._conns.conns.values())
+    old = list(consumer._connections.conns.values())
     t_fault = time.monotonic()
     nsqd.kill()
     wait_for(lambda: all(c.closed for c in old), "the consumer to see the kill")
@@ -346,7 +346,7 @@ def test_stalled_connection_is_detected_and_replaced(
         )
         consumer.start()
         wait_for(lambda: tally.unique >= n // 4, "consumption under way")
-        [old] = list(consumer._conns.conns.values())
+        [old] = list(consumer._connections.conns.values())
         t_fault = time.monotonic()
         proxy.stall()
         wait_for(lambda: old.closed, "the stalled connection dropped", timeout=10.0, interval=0.01)

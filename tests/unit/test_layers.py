@@ -17,7 +17,16 @@ import nsq_sync
 
 PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
 
-CONSUMER_PARTS = {"connset", "responder", "dispatch", "flusher", "discovery", "message", "stats"}
+CONSUMER_PARTS = {
+    "connset",
+    "responder",
+    "dispatch",
+    "flusher",
+    "discovery",
+    "message",
+    "stats",
+    "_parts",
+}
 PRODUCER_PARTS = {"_slots", "_pool"}
 
 #: lowest first (the layers of ARCHITECTURE.md's module table); a module imports only from its own

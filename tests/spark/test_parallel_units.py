@@ -317,17 +317,26 @@ def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
     assert kept | set(left) == set(bodies)
 
 
+def _read_one_chunk_and_close(
+    nsqd: Any, topic: str, tmp_path: Path, published: int, max_rows: int
+) -> tuple[list[bytes], Any, Staging, Any]:
+    """Publish ``published`` bodies, read one chunk (50 rows) of partition 1/0, then stop
+    reading: (the bodies, the options, the staging, the chunk)."""
+    bodies = preload(nsqd.tcp_address, topic, published)
+    options = _options(nsqd, topic, tmp_path, chunk_size=50)
+    staging = Staging(str(tmp_path))
+    reader = read_partition(NsqPartition(1, 0, max_rows), options, staging, NAMES)
+    first = next(reader)
+    reader.close()
+    return bodies, options, staging, first
+
+
 def test_a_sealed_partition_without_manifest_is_completed_without_consuming(
     nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
     """The attempt that sealed died before its MANIFEST: the next one consumes nothing more and
     completes the partition with every chunk staged there."""
-    preload(nsqd.tcp_address, nsq_topic, 300)
-    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
-    staging = Staging(str(tmp_path))
-    reader = read_partition(NsqPartition(1, 0, 200), options, staging, NAMES)
-    first = next(reader)
-    reader.close()
+    _, options, staging, first = _read_one_chunk_and_close(nsqd, nsq_topic, tmp_path, 300, 200)
     stage = staging.partition(1, 0)
     stage.seal("died")
     staged = sum(stage.chunk_rows(name) for name in stage.complete_chunks())
@@ -344,12 +353,7 @@ def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(
 ) -> None:
     """Spark may stop reading a partition (a limit): the consumer stops, what was staged is
     adopted by the next read of the partition, nothing else is taken from the channel."""
-    bodies = preload(nsqd.tcp_address, nsq_topic, 400)
-    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
-    staging = Staging(str(tmp_path))
-    reader = read_partition(NsqPartition(1, 0, 300), options, staging, NAMES)
-    first = next(reader)
-    reader.close()
+    bodies, options, staging, first = _read_one_chunk_and_close(nsqd, nsq_topic, tmp_path, 400, 300)
     stage = staging.partition(1, 0)
     assert stage.manifest() is None and stage.complete_chunks()
     staged = sum(stage.chunk_rows(name) for name in stage.complete_chunks())

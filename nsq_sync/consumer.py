@@ -359,10 +359,10 @@ class Consumer:
         """Install the run's gate on handler calls (see WorkerPool.admit)."""
         self._pool.admit = admit
 
-    def _set_budget(self, places: int) -> None:
-        """Let nsqd deliver no more messages than ``places`` (run(max_messages=)) leaves once
-        the messages already queued for the workers have taken theirs."""
-        self._conns.set_budget(max(0, places - self._pool.queued()))
+    def _set_budget(self, deliveries: int) -> None:
+        """Let nsqd deliver no more than ``deliveries`` (run(max_messages=)) more messages, the
+        messages already queued for the workers among them."""
+        self._conns.set_budget(max(0, deliveries - self._pool.queued()))
 
     def _nothing_to_consume(self) -> bool:
         """No nsqd to connect to: no direct address, and lookupd answered that none carries the

@@ -93,7 +93,7 @@ class ConsumerResponder:
                 quiet = conns.rdy.finish_quietly(key, n)
                 if quiet:
                     conns.counts["finished"] += n
-                    if conns.rdy.budget is not None:  # its deadlines may have moved
+                    if conns.rdy.budgeted:  # its deadlines may have moved
                         conns.wake_timer()
                     observer = conns.observer
                     if observer is not None:

@@ -27,8 +27,8 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
 * a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
   the nsqds never hold credit for more messages than the run will handle
   (``nsq_sync.rdy_budget`` says how, and why it matters). Every event runs through
-  :attr:`RDYManager.budget`'s ``fit`` (a ``NoBudget`` passes the updates on unchanged); the
-  budget changes credit through the methods under "for the budget" below.
+  :attr:`RDYManager.budget` (a ``NoBudget`` passes the updates on unchanged); the budget
+  changes credit through the methods under "for the budget" below.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ _Event = TypeVar("_Event", bound=Callable[..., "list[Action]"])
 
 def _fitted(event: _Event) -> _Event:
     """An event that may hand out credit: its RDY updates are fitted to the run's budget (the
-    hot events, messages and answers, call ``budget.fit`` themselves)."""
+    hot events, messages and answers, call the budget's ``refill`` and ``answered``)."""
 
     @functools.wraps(event)
     def fitted_event(self: RDYManager, *args: Any, **kwargs: Any) -> list[Action]:
@@ -144,6 +144,8 @@ class RDYManager:
         self._total = 0
         #: the run's budget (see :meth:`set_budget`); a NoBudget until one is set
         self.budget: Budget | NoBudget = NoBudget(self)
+        #: True once a run set a budget: its deadlines follow messages (read on the hot path)
+        self.budgeted = False
 
     # ------------------------------------------------------------------ queries
 
@@ -155,11 +157,6 @@ class RDYManager:
     @property
     def in_backoff(self) -> bool:
         return self.backoff_level > 0
-
-    @property
-    def budgeted(self) -> bool:
-        """True once a run set a budget (:meth:`set_budget`): its deadlines follow messages."""
-        return self.budget.active
 
     def share(self, key: Hashable) -> int:
         """The even split of max_in_flight for ``key`` (>= 1), capped by its max_rdy_count."""
@@ -194,8 +191,15 @@ class RDYManager:
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None."""
-        timers = (self.backoff_until, rdy_rotation.deadline(self), self.budget.deadline())
-        deadlines = [at for at in timers if at is not None]
+        deadlines = []
+        if self.backoff_until is not None:
+            deadlines.append(self.backoff_until)
+        rotation_at = rdy_rotation.deadline(self)
+        if rotation_at is not None:
+            deadlines.append(rotation_at)
+        budget_at = self.budget.deadline()
+        if budget_at is not None:
+            deadlines.append(budget_at)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------ events
@@ -254,7 +258,7 @@ class RDYManager:
         conn.in_flight += n
         conn.last_msg_at = self.clock()
         conn.remaining = max(0, conn.remaining - n)
-        return self.budget.fit(self._refill, key, conn)
+        return self.budget.refill(key, conn)
 
     def _note_waking(self, conn: ConnRDY) -> None:
         """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
@@ -267,7 +271,9 @@ class RDYManager:
             self.woke_at = now
             self.woken = True
 
-    def _refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+    def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+        """Messages arrived on ``key`` (``conn``): its RDY back up to its share when below it,
+        or when its remaining credit fell to a quarter (the budget fits what this returns)."""
         if self.in_backoff or self.max_in_flight == 0:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
@@ -285,7 +291,7 @@ class RDYManager:
 
     def on_finish(self, key: Hashable) -> list[Action]:
         """A message of ``key`` was finished (FIN): one success for backoff."""
-        return self.budget.fit(self._answer, key, True, answered=key)
+        return self.budget.answered(key, True)
 
     def finish_quietly(self, key: Hashable, n: int) -> bool:
         """Count ``n`` FINs of ``key`` when that changes nothing but in-flight counts (no
@@ -303,13 +309,13 @@ class RDYManager:
 
     def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
         """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""
-        return self.budget.fit(self._answer, key, False if backoff else None, answered=key)
+        return self.budget.answered(key, False if backoff else None)
 
-    def _answer(self, key: Hashable, success: bool | None) -> list[Action]:
-        """An answer (FIN or REQ): out of flight, one answer of the budget spent, and a result
-        for backoff unless ``success`` is None."""
+    def answer(self, key: Hashable, success: bool | None) -> list[Action]:
+        """A message of ``key`` was answered (FIN or REQ): out of flight, and a result for
+        backoff unless ``success`` is None (the budget counts the answer and fits the RDY).
+        """
         self.out_of_flight(key)
-        self.budget.spend(key)
         return [] if success is None else self._result(success)
 
     def set_budget(self, deliveries: int) -> list[Action]:
@@ -317,7 +323,8 @@ class RDYManager:
         flight now are answered besides (a consumer started before the run), every FIN or REQ
         from now on spends one answer of the budget, and RDY never lets the nsqds hold more
         than what is left (see ``nsq_sync.rdy_budget``)."""
-        self.budget = self.budget.budgeted()
+        self.budget = self.budget.for_run()
+        self.budgeted = True
         return self.budget.start(deliveries)
 
     @_fitted

@@ -46,10 +46,11 @@ room, which frees a slot nsqd may fill; and messages already queued for the work
 
 :class:`Budget` holds these rules and its own state (the answers wanted, each connection's cap);
 the manager holds a :class:`NoBudget` until a run sets one, so its events never ask whether
-there is a budget: it runs every event through its budget's ``fit``. The budget changes credit
-only through the manager's named methods (``set_rdy``, ``raise_to_share``, ``probe_if_none``,
-``out_of_flight``, ``snapshot`` and ``net_updates``). Not thread-safe: it runs under the RDY
-manager's caller's lock.
+there is a budget: it runs every event through its budget (``fit``; ``refill`` and ``answered``
+for the hot ones, messages and answers). The budget changes credit only through the manager's
+named methods (``set_rdy``, ``raise_to_share``, ``probe_if_none``, ``out_of_flight``,
+``snapshot`` and ``net_updates``). Not thread-safe: it runs under the RDY manager's caller's
+lock.
 """
 
 from __future__ import annotations
@@ -71,28 +72,30 @@ Event = Callable[..., "list[Action]"]
 class NoBudget:
     """No budget (no ``run(max_messages=)``): every event's RDY updates go out as they are."""
 
-    #: whether RDY is fitted to a budget
-    active = False
-
     def __init__(self, manager: RDYManager) -> None:
         self._m = manager
 
-    def budgeted(self) -> Budget:
+    def for_run(self) -> Budget:
         """A budget for the same manager (to be started)."""
         return Budget(self._m)
 
-    def fit(self, event: Event, *args: Any, answered: Hashable = None) -> list[Action]:
+    def fit(self, event: Event, *args: Any) -> list[Action]:
         """Run ``event(*args)`` and return its RDY updates unchanged."""
         return event(*args)
+
+    def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+        """Messages arrived on ``key``: the manager's refill, unchanged."""
+        return self._m.refill(key, conn)
+
+    def answered(self, key: Hashable, success: bool | None) -> list[Action]:
+        """A message was answered: the manager's answer, unchanged."""
+        return self._m.answer(key, success)
 
     def joined(self, key: Hashable) -> None:
         """A connection was added: nothing to track."""
 
     def left(self, key: Hashable, conn: ConnRDY) -> None:
         """A connection closed: nothing to track."""
-
-    def spend(self, key: Hashable) -> None:
-        """A message was answered: nothing to count."""
 
     def skipped(self, key: Hashable, admitted: bool) -> None:
         """A message was dropped unanswered: nothing to count (its connection closed)."""
@@ -126,8 +129,6 @@ class Budget:
     """The budget of a run (see the module): the RDY manager runs its events through
     :meth:`fit`, which fits their RDY updates to the answers still wanted."""
 
-    active = True
-
     def __init__(self, manager: RDYManager) -> None:
         self._m = manager
         #: answers (FIN/REQ) still wanted: the deliveries the run takes plus those in flight
@@ -136,7 +137,7 @@ class Budget:
         self.unanswered_elsewhere = 0
         self._held: dict[Hashable, _Held] = {}
 
-    def budgeted(self) -> Budget:
+    def for_run(self) -> Budget:
         """This budget (a run that sets it again keeps its timers and closed connections)."""
         return self
 
@@ -163,13 +164,6 @@ class Budget:
         """A connection closed: its handlers still run, and their answers will come."""
         del self._held[key]
         self.unanswered_elsewhere += conn.in_flight
-
-    def spend(self, key: Hashable) -> None:
-        """One answer (the manager took it out of flight; :meth:`fit` then fits the credit,
-        its RDY going out first)."""
-        self.answers = max(0, self.answers - 1)
-        if key not in self._m.conns:
-            self._answered_elsewhere()
 
     def skipped(self, key: Hashable, admitted: bool) -> None:
         """A message dropped unanswered counts in flight no more; it spends one answer only if
@@ -220,14 +214,33 @@ class Budget:
 
     # ------------------------------------------------------------------ fitting an event
 
-    def fit(self, event: Event, *args: Any, answered: Hashable = None) -> list[Action]:
-        """Run the manager's ``event(*args)`` (``answered``: the connection whose message it
-        answers, if any), then set the caps, hand out room in the budget, cut credit while over
-        it, and return the event's RDY updates as net changes, decreases first (a raise that is
-        cut never reaches nsqd, even for a moment)."""
+    def fit(self, event: Event, *args: Any) -> list[Action]:
+        """Run the manager's ``event(*args)``, then fit its RDY updates to the budget."""
+        before = self._m.snapshot()
+        event(*args)
+        return self._fit(before)
+
+    def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+        """Messages arrived on ``key``: the manager's refill, fitted."""
+        return self.fit(self._m.refill, key, conn)
+
+    def answered(self, key: Hashable, success: bool | None) -> list[Action]:
+        """A message was answered: the manager's answer, one answer spent, then fitted (the
+        answered connection's RDY update goes out before the answer)."""
         m = self._m
         before = m.snapshot()
-        event(*args)
+        m.answer(key, success)
+        self.answers = max(0, self.answers - 1)
+        if key not in m.conns:
+            self._answered_elsewhere()
+        return self._fit(before, answered=key)
+
+    def _fit(self, before: Snapshot, answered: Hashable = None) -> list[Action]:
+        """After an event (``answered``: the connection whose message it answered, if any):
+        set the caps, hand out room in the budget, cut credit while over it, and return the
+        event's RDY updates as net changes from ``before``, decreases first (a raise that is
+        cut never reaches nsqd, even for a moment)."""
+        m = self._m
         conns, held = m.conns, self._held
         answers = self.answers
         # each cap before this event's raises (an answer takes one off its connection's)

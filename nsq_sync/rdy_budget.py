@@ -222,7 +222,10 @@ class Budget:
 
     def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
         """Messages arrived on ``key``: the manager's refill, fitted."""
-        return self.fit(self._m.refill, key, conn)
+        m = self._m
+        before = m.snapshot()
+        m.refill(key, conn)
+        return self._fit(before)
 
     def answered(self, key: Hashable, success: bool | None) -> list[Action]:
         """A message was answered: the manager's answer, one answer spent, then fitted (the

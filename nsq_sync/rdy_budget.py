@@ -74,6 +74,10 @@ class NoBudget:
 
     def __init__(self, manager: RDYManager) -> None:
         self._m = manager
+        # The hot events (messages arrived; an answer) are the manager's own, unchanged: bound
+        # here rather than wrapped, so that a consumer without a budget pays no extra call.
+        self.refill: Callable[[Hashable, ConnRDY], list[Action]] = manager.refill
+        self.answered: Callable[[Hashable, bool | None], list[Action]] = manager.answer
 
     def for_run(self) -> Budget:
         """A budget for the same manager (to be started)."""
@@ -82,14 +86,6 @@ class NoBudget:
     def fit(self, event: Event, *args: Any) -> list[Action]:
         """Run ``event(*args)`` and return its RDY updates unchanged."""
         return event(*args)
-
-    def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
-        """Messages arrived on ``key``: the manager's refill, unchanged."""
-        return self._m.refill(key, conn)
-
-    def answered(self, key: Hashable, success: bool | None) -> list[Action]:
-        """A message was answered: the manager's answer, unchanged."""
-        return self._m.answer(key, success)
 
     def joined(self, key: Hashable) -> None:
         """A connection was added: nothing to track."""

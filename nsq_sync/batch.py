@@ -18,7 +18,7 @@ stop. Then:
 
 ``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
 batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
-handler runs). During ``run(max_messages=)`` the credit never exceeds the places left, so the
+handler runs). During ``run(max_messages=)`` the credit never exceeds the deliveries left, so the
 last batch holds what is left.
 """
 
@@ -246,8 +246,8 @@ class BatchConsumer:
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         self._consumer._set_admit(admit)
 
-    def _set_budget(self, places: int) -> None:
-        self._consumer._set_budget(places)
+    def _set_budget(self, deliveries: int) -> None:
+        self._consumer._set_budget(deliveries)
 
     def _pause(self) -> None:
         self._consumer._pause()

@@ -158,7 +158,7 @@ class ConnectionSet:
         self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
         with self.lock:
             self.counts["skipped"] += 1
-            if self.rdy.budget is not None:
+            if self.rdy.budgeted:
                 conn = message._conn
                 key = None if conn is None else self.key(conn)
                 self.apply_and_wake(lambda: self.rdy.on_skip(key, admitted))
@@ -211,10 +211,10 @@ class ConnectionSet:
             self.apply(self.rdy.set_max_in_flight(max_in_flight))
         self._timer_wakeup.set()
 
-    def set_budget(self, budget: int) -> None:
-        """Deliver no more than ``budget`` messages from now on (see RDYManager.set_budget)."""
+    def set_budget(self, deliveries: int) -> None:
+        """Deliver no more than ``deliveries`` messages from now on (see RDYManager.set_budget)."""
         with self.lock:
-            self.apply(self.rdy.set_budget(budget))
+            self.apply(self.rdy.set_budget(deliveries))
         self._timer_wakeup.set()
 
     def send(self, conn: NsqdConnection, data: bytes) -> bool:
@@ -317,7 +317,7 @@ class ConnectionSet:
                 observer.received(conn.address, n, self.in_flight_of(key))
             # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
             # that had nothing sends (those found empty before may have filled up too)
-            if self.rdy.budget is not None or self.rdy.woken:
+            if self.rdy.budgeted or self.rdy.woken:
                 self.rdy.woken = False
                 self._timer_wakeup.set()
         if stale:

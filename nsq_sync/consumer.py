@@ -275,7 +275,7 @@ class Consumer:
           (``max_in_flight`` 0) and every allowed message in flight are not idle;
         * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
           messages given up without one). The consumer pauses at once and no further call
-          starts; the credit nsqds hold never exceeds the places left, so only a redelivery
+          starts; the credit nsqds hold never exceeds the deliveries left, so only a redelivery
           arrives after that, and it is requeued at once (docs/cron.md says why this matters).
 
         Args:
@@ -330,9 +330,9 @@ class Consumer:
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         self._pool.admit = admit
 
-    def _set_budget(self, places: int) -> None:
-        # the messages already queued for the workers take their places first
-        self._connections.set_budget(max(0, places - self._pool.queued()))
+    def _set_budget(self, deliveries: int) -> None:
+        # the messages already queued for the workers are among the deliveries
+        self._connections.set_budget(max(0, deliveries - self._pool.queued()))
 
     def _pause(self) -> None:
         self.set_max_in_flight(0)

@@ -26,19 +26,27 @@ Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
   one result counts per backoff window: results that arrive while the timer runs are ignored;
 * a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
   the nsqds never hold credit for more messages than the run will handle
-  (``nsq_sync.rdy_budget`` says how, and why it matters).
+  (``nsq_sync.rdy_budget`` says how, and why it matters). Every event runs through
+  :attr:`RDYManager.budget` (a ``NoBudget`` passes the updates on unchanged); the budget
+  changes credit through the methods under "for the budget" below.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
-from nsq_sync import rdy_budget, rdy_rotation
+from nsq_sync import rdy_rotation
 from nsq_sync.backoff import ExponentialBackoff
+from nsq_sync.rdy_budget import Budget, NoBudget
 
 Action = tuple[Hashable, int]
+#: per connection, before an event: (RDY as nsqd was last told, granted_at, released_at,
+#: productive)
+Snapshot = dict[Hashable, tuple[int, float, float, bool]]
 
 #: go-nsq's threshold for is_starved(): a connection is starved when this share of its RDY is
 #: in flight.
@@ -58,12 +66,20 @@ class ConnRDY:
     released_at: float = 0.0  # when rdy last went from > 0 to 0 (0: never held credit)
     productive: bool = False  # it had delivered since its grant when its credit was taken
     answered_at: float = 0.0  # when credit was scarce: when its last message was answered
-    cap: int = 0  # a budgeted run: most its nsqd may hold in flight (see rdy_budget)
-    lowered_at: float = 0.0  # a budgeted run: when its RDY was last lowered
-    reclaimed_at: float = 0.0  # a budgeted run: when its idle credit was last taken back
 
 
-_within_budget = rdy_budget.fitted  # an event that may hand out credit (see rdy_budget)
+_Event = TypeVar("_Event", bound=Callable[..., "list[Action]"])
+
+
+def _fitted(event: _Event) -> _Event:
+    """An event that may hand out credit: its RDY updates are fitted to the run's budget (the
+    hot events, messages and answers, call the budget's ``refill`` and ``answered``)."""
+
+    @functools.wraps(event)
+    def fitted_event(self: RDYManager, *args: Any, **kwargs: Any) -> list[Action]:
+        return self.budget.fit(functools.partial(event, self, *args, **kwargs))
+
+    return cast(_Event, fitted_event)
 
 
 class RDYManager:
@@ -126,10 +142,10 @@ class RDYManager:
         self.settle = max(1.0, self.unproductive_after) if settle is None else settle
         self._shares: dict[Hashable, int] = {}
         self._total = 0
-        #: answers (FIN/REQ) still wanted, or None for no bound (see :meth:`set_budget`)
-        self.budget: int | None = None
-        #: budgeted run: messages of closed connections not answered yet (they still count)
-        self.unanswered_elsewhere = 0
+        #: the run's budget (see :meth:`set_budget`); a NoBudget until one is set
+        self.budget: Budget | NoBudget = NoBudget(self)
+        #: True once a run set a budget: its deadlines follow messages (read on the hot path)
+        self.budgeted = False
 
     # ------------------------------------------------------------------ queries
 
@@ -169,10 +185,9 @@ class RDYManager:
         """Messages nsqds may still send: RDY above in-flight, summed over connections (in a
         budgeted run, credit taken back and not settled yet too: it may be on its way, or
         moving to another nsqd)."""
-        left = sum(max(0, c.rdy - c.in_flight) for c in self.conns.values())
-        if self.budget is not None:
-            left += sum(max(0, c.cap - max(c.rdy, c.in_flight)) for c in self.conns.values())
-        return left
+        return sum(max(0, c.rdy - c.in_flight) for c in self.conns.values()) + (
+            self.budget.settling()
+        )
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None."""
@@ -182,15 +197,14 @@ class RDYManager:
         rotation_at = rdy_rotation.deadline(self)
         if rotation_at is not None:
             deadlines.append(rotation_at)
-        if self.budget is not None:
-            budget_at = rdy_budget.deadline(self)
-            if budget_at is not None:
-                deadlines.append(budget_at)
+        budget_at = self.budget.deadline()
+        if budget_at is not None:
+            deadlines.append(budget_at)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------ events
 
-    @_within_budget
+    @_fitted
     def add(self, key: Hashable, max_rdy: int) -> list[Action]:
         """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1.
 
@@ -200,27 +214,27 @@ class RDYManager:
         if key in self.conns:
             raise ValueError(f"connection {key!r} is already added")
         self.conns[key] = ConnRDY(max_rdy=max(1, max_rdy))
+        self.budget.joined(key)
         self._recompute_shares()
         actions = self._trim_to_shares()
         if self.in_backoff:
-            return actions + self._probe_if_none()
+            return actions + self.probe_if_none()
         if self.max_in_flight == 0:
             return actions
         if self.total_rdy + 1 <= self.max_in_flight:
-            actions.append(self._set(key, 1))
+            actions.append(self.set_rdy(key, 1))
         return actions
 
-    @_within_budget
+    @_fitted
     def remove(self, key: Hashable) -> list[Action]:
         """A connection closed: its credit returns to the pool (handed out on later events)."""
         conn = self.conns.pop(key, None)
         if conn is not None:
             self._total -= conn.rdy
-            if self.budget is not None:  # their handlers still run: their answers will come
-                self.unanswered_elsewhere += conn.in_flight
+            self.budget.left(key, conn)
         self._recompute_shares()
         if self.in_backoff:
-            return self._probe_if_none()
+            return self.probe_if_none()
         if self.max_in_flight == 0:
             return []
         # Scarce: the freed credit goes to a random waiting connection. Not scarce (any more):
@@ -244,11 +258,7 @@ class RDYManager:
         conn.in_flight += n
         conn.last_msg_at = self.clock()
         conn.remaining = max(0, conn.remaining - n)
-        if self.budget is not None:
-            before = rdy_budget.snapshot(self)
-            self._refill(key, conn)
-            return rdy_budget.fit(self, before)
-        return self._refill(key, conn)
+        return self.budget.refill(key, conn)
 
     def _note_waking(self, conn: ConnRDY) -> None:
         """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
@@ -261,37 +271,27 @@ class RDYManager:
             self.woke_at = now
             self.woken = True
 
-    def _refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+    def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
+        """Messages arrived on ``key`` (``conn``): its RDY back up to its share when below it,
+        or when its remaining credit fell to a quarter (the budget fits what this returns)."""
         if self.in_backoff or self.max_in_flight == 0:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
-            return self._raise_to_share(key)
+            return self.raise_to_share(key)
         return []
 
-    @_within_budget
+    @_fitted
     def on_skip(self, key: Hashable, admitted: bool = False) -> list[Action]:
         """A message of ``key`` (None: a closed connection's) was dropped unanswered: its
         connection closed before its handler ran, and nsqd redelivers it. In a budgeted run it
         no longer counts in flight; unless ``admitted`` (it took a place of the run: a
         BatchConsumer's open batch) it took no place, and a redelivery may take it."""
-        if self.budget is not None:
-            if admitted:
-                rdy_budget.spend(self, key)
-            elif key in self.conns:
-                self._done(key)
-            elif self.unanswered_elsewhere:
-                self.unanswered_elsewhere -= 1
+        self.budget.skipped(key, admitted)
         return []
 
     def on_finish(self, key: Hashable) -> list[Action]:
         """A message of ``key`` was finished (FIN): one success for backoff."""
-        if self.budget is not None:
-            before = rdy_budget.snapshot(self)
-            rdy_budget.spend(self, key)
-            self._result(success=True)
-            return rdy_budget.fit(self, before, key)
-        self._done(key)
-        return self._result(success=True)
+        return self.budget.answered(key, True)
 
     def finish_quietly(self, key: Hashable, n: int) -> bool:
         """Count ``n`` FINs of ``key`` when that changes nothing but in-flight counts (no
@@ -300,32 +300,34 @@ class RDYManager:
         """
         if self.backoff_level or self.scarce:  # scarce: an answer may free the credit
             return False
-        conn = self.conns.get(key)
-        if self.budget is not None and not rdy_budget.quiet_answers_fit(self, key, n):
+        if not self.budget.quiet_answers_fit(key, n):
             return False  # RDY must shrink first: one by one (each RDY goes out before its FIN)
+        conn = self.conns.get(key)
         if conn is not None:
             conn.in_flight = max(0, conn.in_flight - n)
         return True
 
     def on_requeue(self, key: Hashable, backoff: bool = True) -> list[Action]:
         """A message of ``key`` was requeued; a failure for backoff unless ``backoff`` is False."""
-        if self.budget is not None:
-            before = rdy_budget.snapshot(self)
-            rdy_budget.spend(self, key)
-            if backoff:
-                self._result(success=False)
-            return rdy_budget.fit(self, before, key)
-        self._done(key)
-        return self._result(success=False) if backoff else []
+        return self.budget.answered(key, False if backoff else None)
+
+    def answer(self, key: Hashable, success: bool | None) -> list[Action]:
+        """A message of ``key`` was answered (FIN or REQ): out of flight, and a result for
+        backoff unless ``success`` is None (the budget counts the answer and fits the RDY).
+        """
+        self.out_of_flight(key)
+        return [] if success is None else self._result(success)
 
     def set_budget(self, deliveries: int) -> list[Action]:
         """Let nsqd deliver at most ``deliveries`` (an int >= 0) more messages: the messages in
         flight now are answered besides (a consumer started before the run), every FIN or REQ
         from now on spends one answer of the budget, and RDY never lets the nsqds hold more
         than what is left (see ``nsq_sync.rdy_budget``)."""
-        return rdy_budget.start(self, deliveries)
+        self.budget = self.budget.for_run()
+        self.budgeted = True
+        return self.budget.start(deliveries)
 
-    @_within_budget
+    @_fitted
     def set_max_in_flight(self, max_in_flight: int) -> list[Action]:
         """Change the total credit at run time; 0 pauses (RDY 0 everywhere)."""
         self.max_in_flight = max_in_flight
@@ -334,20 +336,19 @@ class RDYManager:
         if max_in_flight == 0:
             return actions
         if self.in_backoff:
-            return actions + self._probe_if_none()
+            return actions + self.probe_if_none()
         if self.scarce:
             return actions + self._fill_random()
         for key in self.conns:
             if self.conns[key].rdy == 0:
-                actions += self._raise_to_share(key)
+                actions += self.raise_to_share(key)
         return actions
 
-    @_within_budget
+    @_fitted
     def tick(self) -> list[Action]:
         """Run timers: backoff expiry and redistribution. Call at :meth:`next_deadline`."""
         now = self.clock()
-        if self.budget is not None:
-            rdy_budget.maintain(self, now)
+        self.budget.maintain(now)
         if self.backoff_until is not None and now >= self.backoff_until:
             self.backoff_until = None
             self.testing = True
@@ -357,9 +358,12 @@ class RDYManager:
             return rdy_rotation.rotate(self, now)
         return []
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ for the budget
+    # (and rdy_rotation): what they change credit with, and what an event looks like to them
 
-    def _set(self, key: Hashable, count: int) -> Action:
+    def set_rdy(self, key: Hashable, count: int) -> Action:
+        """Record that ``key`` is to be told RDY ``count`` (its grant or release noted), and
+        return the update."""
         conn = self.conns[key]
         if conn.rdy == 0 and count > 0:
             conn.granted_at = self.clock()
@@ -371,12 +375,55 @@ class RDYManager:
         conn.remaining = count
         return (key, count)
 
-    def _done(self, key: Hashable) -> None:
+    def out_of_flight(self, key: Hashable) -> None:
+        """A message of ``key`` is no longer in flight (answered, or dropped unanswered)."""
         conn = self.conns.get(key)
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
             if self.scarce or self.testing:  # its credit may be free now (rdy_rotation)
                 conn.answered_at = self.clock()
+
+    def raise_to_share(self, key: Hashable) -> list[Action]:
+        """Raise ``key``'s RDY to its share, as far as max_in_flight allows."""
+        conn = self.conns[key]
+        others = self.total_rdy - conn.rdy
+        count = min(self.share(key), self.max_in_flight - others)
+        if count <= 0:
+            return []
+        return [self.set_rdy(key, count)]
+
+    def probe_if_none(self) -> list[Action]:
+        """While testing the water, send the probe if no connection holds it."""
+        if self.testing and self.total_rdy == 0:
+            return self._probe()
+        return []
+
+    def snapshot(self) -> Snapshot:
+        """Every connection's RDY as nsqd was last told, and its grant bookkeeping, taken
+        before an event (see :meth:`net_updates`)."""
+        return {
+            key: (conn.rdy, conn.granted_at, conn.released_at, conn.productive)
+            for key, conn in self.conns.items()
+        }
+
+    def net_updates(self, before: Snapshot) -> tuple[list[Action], list[Action]]:
+        """An event's RDY updates as net changes from ``before``: (decreases, increases). A
+        connection whose RDY ends where it was got nothing: no grant or release reached nsqd."""
+        decreases: list[Action] = []
+        increases: list[Action] = []
+        for key, conn in self.conns.items():
+            was = before[key][0] if key in before else 0
+            if conn.rdy < was:
+                decreases.append((key, conn.rdy))
+            elif conn.rdy > was:
+                increases.append((key, conn.rdy))
+            elif key in before:  # a raise cut back (or none)
+                _, conn.granted_at, conn.released_at, conn.productive = before[key]
+            else:
+                conn.granted_at = conn.released_at = 0.0
+        return decreases, increases
+
+    # ------------------------------------------------------------------ internals
 
     def _trim_to_shares(self) -> list[Action]:
         """Lower every connection above its share (or to 0 while paused / backing off)."""
@@ -388,28 +435,20 @@ class RDYManager:
             else:
                 limit = self.share(key)
             if conn.rdy > limit:
-                actions.append(self._set(key, limit))
+                actions.append(self.set_rdy(key, limit))
         if scarce and not self.in_backoff:
             # scarce credit: RDY 1 each, never more than max_in_flight of them
             holders = [k for k, c in self.conns.items() if c.rdy > 0]
             self.rng.shuffle(holders)
             while len(holders) > self.max_in_flight:
-                actions.append(self._set(holders.pop(), 0))
+                actions.append(self.set_rdy(holders.pop(), 0))
         return actions
-
-    def _raise_to_share(self, key: Hashable) -> list[Action]:
-        conn = self.conns[key]
-        others = self.total_rdy - conn.rdy
-        count = min(self.share(key), self.max_in_flight - others)
-        if count <= 0:
-            return []
-        return [self._set(key, count)]
 
     def _fill_random(self) -> list[Action]:
         available = self.max_in_flight - self.total_rdy
         idle = [k for k, c in self.conns.items() if c.rdy == 0]
         self.rng.shuffle(idle)
-        return [self._set(k, 1) for k in idle[: max(0, available)]]
+        return [self.set_rdy(k, 1) for k in idle[: max(0, available)]]
 
     @staticmethod
     def _delivered_since_grant(conn: ConnRDY) -> bool:
@@ -425,13 +464,7 @@ class RDYManager:
         order = rdy_rotation.best(self, list(self.conns))
         # one that was delivering first: the probe needs a message to test the handler with
         key = next((k for k in order if self.conns[k].productive), order[0])
-        return [self._set(key, 1)]
-
-    def _probe_if_none(self) -> list[Action]:
-        """While testing the water, send the probe if no connection holds it."""
-        if self.testing and self.total_rdy == 0:
-            return self._probe()
-        return []
+        return [self.set_rdy(key, 1)]
 
     def _result(self, success: bool) -> list[Action]:
         if self.backoff is None:
@@ -453,12 +486,12 @@ class RDYManager:
         self.testing = False
         duration = self.backoff.compute(self.backoff_level) if self.backoff else 0.0
         self.backoff_until = self.clock() + duration
-        return [self._set(k, 0) for k, c in self.conns.items() if c.rdy > 0]
+        return [self.set_rdy(k, 0) for k, c in self.conns.items() if c.rdy > 0]
 
     def _restore(self) -> list[Action]:
         actions = self._trim_to_shares()
         if self.scarce:
             return actions + self._fill_random()
         for key in self.conns:
-            actions += self._raise_to_share(key)
+            actions += self.raise_to_share(key)
         return actions

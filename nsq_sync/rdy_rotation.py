@@ -125,6 +125,6 @@ def rotate(m: RDYManager, now: float) -> list[Action]:
     waiting = [k for k, c in m.conns.items() if c.rdy == 0 and due_at(m, c) <= now]
     actions: list[Action] = []
     for (_, _, holder), key in zip(free, best(m, waiting)):
-        actions.append(m._set(holder, 0))
-        actions.append(m._set(key, 1))
+        actions.append(m.set_rdy(holder, 0))
+        actions.append(m.set_rdy(key, 1))
     return actions

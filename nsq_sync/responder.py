@@ -93,7 +93,7 @@ class ConsumerResponder:
                 quiet = connections.rdy.finish_quietly(key, n)
                 if quiet:
                     connections.counts["finished"] += n
-                    if connections.rdy.budget is not None:  # its deadlines may have moved
+                    if connections.rdy.budgeted:  # its deadlines may have moved
                         connections.wake_timer()
                     observer = connections.observer
                     if observer is not None:

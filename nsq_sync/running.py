@@ -104,8 +104,8 @@ class Runnable(Protocol):
     def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         """Call ``admit(message)`` before each message is handled; False requeues it at once."""
 
-    def _set_budget(self, places: int) -> None:
-        """Let nsqd deliver no more messages than ``places`` (``max_messages``) leaves."""
+    def _set_budget(self, deliveries: int) -> None:
+        """Let nsqd deliver at most ``deliveries`` more messages (what ``max_messages`` leaves)."""
 
     def _pause(self) -> None:
         """Receive nothing more (RDY 0 everywhere): ``max_messages`` was reached."""

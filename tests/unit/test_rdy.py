@@ -862,27 +862,25 @@ class RDYMachine(RuleBasedStateMachine):
         """A budgeted run: each cap bounds what its nsqd may hold, and the caps fit in the
         budget (unless messages arrived beyond RDY, sent before nsqd saw a lower one: then no
         nsqd may send more)."""
-        if not hasattr(self, "wire") or self.m.budget is None:
+        if not hasattr(self, "wire") or not self.m.budgeted:
             return
-        m, wire = self.m, self.wire
+        m, wire, budget = self.m, self.wire, self.m.budget
         for key, conn in m.conns.items():
-            assert conn.cap >= max(wire.rdy[key], conn.in_flight), (key, conn)
-        held = m.unanswered_elsewhere + sum(c.cap for c in m.conns.values())
-        assert held <= m.budget or all(wire.rdy[k] <= c.in_flight for k, c in m.conns.items()), (
-            held,
-            m.budget,
-            wire.rdy,
-        )
+            assert budget.cap(key) >= max(wire.rdy[key], conn.in_flight), (key, conn)
+        held = budget.unanswered_elsewhere + sum(budget.cap(k) for k in m.conns)
+        assert held <= budget.answers or all(
+            wire.rdy[k] <= c.in_flight for k, c in m.conns.items()
+        ), (held, budget.answers, wire.rdy)
 
     @invariant()
     def a_budget_with_room_is_never_stuck(self) -> None:
         """Room in the budget: some nsqd may send, or a timer will change something."""
-        if not hasattr(self, "wire") or self.m.budget is None:
+        if not hasattr(self, "wire") or not self.m.budgeted:
             return
-        m, wire = self.m, self.wire
-        held = m.unanswered_elsewhere + sum(c.cap for c in m.conns.values())
-        if held < m.budget and m.max_in_flight and wire.rdy:
-            assert wire.total > 0 or m.next_deadline() is not None, (wire.rdy, m.budget)
+        m, wire, budget = self.m, self.wire, self.m.budget
+        held = budget.unanswered_elsewhere + sum(budget.cap(k) for k in m.conns)
+        if held < budget.answers and m.max_in_flight and wire.rdy:
+            assert wire.total > 0 or m.next_deadline() is not None, (wire.rdy, budget.answers)
 
     @invariant()
     def credit_is_bounded(self) -> None:
@@ -905,7 +903,7 @@ class RDYMachine(RuleBasedStateMachine):
         m, wire = self.m, self.wire
         if m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
             return
-        if m.budget is not None:
+        if m.budgeted:
             return  # a budgeted run: see a_budget_with_room_is_never_stuck
         if m.scarce:
             assert wire.total == m.max_in_flight
@@ -922,8 +920,9 @@ class RDYMachine(RuleBasedStateMachine):
         if not m.in_backoff or m.max_in_flight == 0 or not wire.rdy:
             return
         if (
-            m.budget is not None
-            and m.unanswered_elsewhere + sum(c.cap for c in m.conns.values()) >= m.budget
+            m.budgeted
+            and m.budget.unanswered_elsewhere + sum(m.budget.cap(k) for k in m.conns)
+            >= m.budget.answers
         ):
             return  # what nsqd may hold fills the run's places: no probe is needed
         assert m.backoff_until is not None or wire.total == 1
@@ -1004,7 +1003,7 @@ def test_a_budget_lowers_the_credit_before_each_answer_goes_out() -> None:
         # nsqd sends while in flight < RDY: what it may still deliver fits in what is wanted
         answered, in_flight = 10 - left, m.conns["a"].in_flight
         assert answered + max(in_flight, wire.rdy["a"]) <= 10
-    assert m.budget == 0 and wire.total == 0
+    assert m.budget.answers == 0 and wire.total == 0
 
 
 def test_each_answer_lowers_its_own_connection_first() -> None:
@@ -1023,7 +1022,7 @@ def test_each_answer_lowers_its_own_connection_first() -> None:
         if m.conns[key].in_flight:
             actions = wire.finish(key)
             assert all(k == key for k, _ in actions), actions
-            assert sum(c.cap for c in m.conns.values()) <= m.budget
+            assert sum(m.budget.cap(k) for k in m.conns) <= m.budget.answers
 
 
 def test_quiet_finish_is_refused_where_the_budget_would_lower_the_credit() -> None:
@@ -1033,12 +1032,12 @@ def test_quiet_finish_is_refused_where_the_budget_would_lower_the_credit() -> No
     wire.apply(m.on_messages("a", 1))
     wire.apply(m.on_messages("a", 3))
     assert m.finish_quietly("a", 3) is True  # 7 left, not below max_in_flight 4: counts only
-    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (7, 4, 1)
+    assert (m.budget.answers, m.max_in_flight, m.conns["a"].in_flight) == (7, 4, 1)
     wire.apply(m.on_messages("a", 3))
     assert m.finish_quietly("a", 4) is False  # 3 left would lower the credit: one by one
-    assert (m.budget, m.conns["a"].in_flight) == (7, 4)  # nothing counted
+    assert (m.budget.answers, m.conns["a"].in_flight) == (7, 4)  # nothing counted
     assert [wire.finish("a") for _ in range(4)] == [[], [], [], [("a", 3)]]
-    assert (m.budget, m.max_in_flight, m.conns["a"].in_flight) == (3, 4, 0)
+    assert (m.budget.answers, m.max_in_flight, m.conns["a"].in_flight) == (3, 4, 0)
 
 
 def test_a_requeue_spends_the_budget_too() -> None:
@@ -1047,7 +1046,8 @@ def test_a_requeue_spends_the_budget_too() -> None:
     wire.set_budget(2)
     assert wire.apply(m.on_messages("a", 2)) == [("a", 0)]  # nothing left to deliver
     assert wire.requeue("a", backoff=False) == []
-    assert (m.budget, m.conns["a"].cap) == (1, 1)  # the other one's answer is still to come
+    # the other one's answer is still to come
+    assert (m.budget.answers, m.budget.cap("a")) == (1, 1)
 
 
 def test_a_skipped_message_of_an_open_batch_keeps_its_place_spent() -> None:
@@ -1062,7 +1062,7 @@ def test_a_skipped_message_of_an_open_batch_keeps_its_place_spent() -> None:
     for _ in range(5):
         wire.apply(m.on_skip(None, admitted=True))
     assert wire.add("b") == [("b", 5)]
-    assert (m.budget, m.unanswered_elsewhere) == (5, 0)
+    assert (m.budget.answers, m.budget.unanswered_elsewhere) == (5, 0)
 
 
 def test_a_full_connection_does_not_take_idle_credit_from_another() -> None:
@@ -1096,7 +1096,7 @@ def test_quiet_answers_that_leave_no_room_go_one_by_one() -> None:
     assert m.finish_quietly("a", 2) is False
     assert wire.finish("a") == []  # 11 left for 10 held: room for one more
     assert wire.finish("a") == [("b", 0)]  # none: b has nothing open; a still has 2 open
-    assert (wire.rdy["a"], m.conns["a"].in_flight, m.budget) == (5, 3, 10)
+    assert (wire.rdy["a"], m.conns["a"].in_flight, m.budget.answers) == (5, 3, 10)
 
 
 def test_credit_left_is_rdy_above_in_flight_over_all_connections() -> None:

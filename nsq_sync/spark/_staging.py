@@ -164,12 +164,12 @@ class PartitionStage:
         )
 
     def sealed(self) -> bool:
-        """True once an attempt started completing the partition (SEALED or MANIFEST exists):
-        from then on no attempt may FIN what it stages here."""
+        """True once an attempt started completing the partition (SEALED exists; it is always
+        written before the MANIFEST): from then on no attempt may FIN what it stages here. One
+        metadata lookup, made once per staged chunk."""
         import pyarrow.fs as pafs
 
-        infos = self.fs.get_file_info([f"{self.dir}/{SEALED}", f"{self.dir}/{MANIFEST}"])
-        return any(info.type != pafs.FileType.NotFound for info in infos)
+        return bool(self.fs.get_file_info(f"{self.dir}/{SEALED}").type != pafs.FileType.NotFound)
 
     def seal(self, attempt: str) -> None:
         """Forbid FINs of chunks staged here from now on (see the module docs)."""

@@ -223,8 +223,7 @@ def _consume(
 
     def stage_chunk(messages: list[Message]) -> None:
         if superseded:  # a batch handed over before the stop took effect
-            for message in messages:
-                message.requeue(0.0, backoff=False)
+            _requeue_now(messages)
             return
         try:
             if failed:
@@ -235,14 +234,11 @@ def _consume(
                 superseded.append(name)
         except BaseException as exc:
             failed.append(exc)
-            # Not the messages' fault: back to the channel at once, not FINed.
-            for message in messages:
-                message.requeue(0.0, backoff=False)
+            _requeue_now(messages)  # not the messages' fault
             consumer.stop()  # from the handler: the stop completes on its own task
             raise
         if superseded:  # whoever sealed may have listed it or not: requeue, never FIN
-            for message in messages:
-                message.requeue(0.0, backoff=False)
+            _requeue_now(messages)
             consumer.stop()  # from the handler: the stop completes on its own task
             return
         rows[name] = batch.num_rows
@@ -298,3 +294,9 @@ def _consume(
             f"nsq source: batch {stage.batch} partition {stage.index} was completed by another "
             f"attempt while this one ran; its last chunk ({superseded[0]}) was requeued"
         )
+
+
+def _requeue_now(messages: list[Message]) -> None:
+    """Back to the channel at once, not FINed, and no backoff (not the messages' fault)."""
+    for message in messages:
+        message.requeue(0.0, backoff=False)

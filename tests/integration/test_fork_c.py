@@ -17,6 +17,7 @@ import platform
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -204,21 +205,8 @@ def test_c_fork_started_consumer_raises_naming_the_fix(nsqd_factory: Any, nsq_to
             conns = list(consumer._connections.conns.values())
             return {"messages": messages, "open": sum(not c.closed for c in conns)}
 
-        held, release = threading.Event(), threading.Event()
-
-        def holding() -> None:  # one of the consumer's threads, caught holding the lock
-            with consumer._connections.lock:
-                held.set()
-                release.wait(CHILD_TIMEOUT)
-
-        holder = threading.Thread(target=holding)
-        holder.start()
-        try:
-            assert held.wait(10.0)
-            child = Child(work, lambda: None, fork=libc_fork)
-        finally:
-            release.set()
-            holder.join(10.0)
+        # one of the consumer's threads, caught holding the lock
+        child = _fork_while_held(consumer._connections.lock, work)
         result = child.result()
         assert child.finish() == 0
         assert len(result["messages"]) == 3, result
@@ -229,6 +217,26 @@ def test_c_fork_started_consumer_raises_naming_the_fix(nsqd_factory: Any, nsq_to
         wait_for(lambda: b"after the child" in got, "the parent's consumer still consuming")
     finally:
         assert consumer.stop(10.0)
+
+
+def _fork_while_held(lock: Any, work: Callable[[], dict[str, Any]]) -> Child:
+    """Fork from C while another thread of this process holds ``lock``; the child runs
+    ``work``."""
+    held, release = threading.Event(), threading.Event()
+
+    def holding() -> None:
+        with lock:
+            held.set()
+            release.wait(CHILD_TIMEOUT)
+
+    holder = threading.Thread(target=holding)
+    holder.start()
+    try:
+        assert held.wait(10.0)
+        return Child(work, lambda: None, fork=libc_fork)
+    finally:
+        release.set()
+        holder.join(10.0)
 
 
 def test_c_fork_consumer_made_in_the_child_answers_while_the_parent_held_the_claim_lock(
@@ -253,22 +261,8 @@ def test_c_fork_consumer_made_in_the_child_answers_while_the_parent_held_the_cla
         summary = consumer.run(timeout=CHILD_TIMEOUT, max_messages=10)
         return {"got": len(got), "finished": summary.finished, "reason": summary.reason}
 
-    held = threading.Event()
-    release = threading.Event()
-
-    def answering() -> None:  # the parent's thread caught answering a message at the fork
-        with fork_state.claim_lock:
-            held.set()
-            release.wait(CHILD_TIMEOUT)
-
-    thread = threading.Thread(target=answering)
-    thread.start()
-    try:
-        assert held.wait(10.0)
-        child = Child(work, lambda: None, fork=libc_fork)
-    finally:
-        release.set()
-        thread.join(10.0)
+    # the parent's thread caught answering a message at the fork
+    child = _fork_while_held(fork_state.claim_lock, work)
     result = child.result()
     assert child.finish() == 0
     assert result == {"got": 10, "finished": 10, "reason": "max_messages"}, result

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -69,9 +73,6 @@ def spark_submit(
     """Start ``spark-submit script args`` on ``cluster`` as an application of its own, taking
     the worker's third core (the test session's application holds the other two), in a new
     process session (so that a test can kill the whole driver). Returns the Popen."""
-    import subprocess
-    import sys
-
     from nsq_sync.testing.spark_cluster import spark_home
 
     confs = {
@@ -100,9 +101,6 @@ def spark_submit(
 def kill_driver(driver: Any) -> None:
     """SIGKILL a driver started by :func:`spark_submit`: spark-submit's JVM and the Python
     program (one process session), and reap it."""
-    import os
-    import signal
-
     if driver.poll() is None:
         try:
             os.killpg(driver.pid, signal.SIGKILL)

@@ -29,6 +29,7 @@ At least once: a batch whose output was written but whose commit did not reach t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import signal
 import threading
@@ -83,6 +84,8 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
         self._pending: dict[int, list[Message]] = {}
         self._closing = False
         self._signalled = False
+        self._critical = 0  # main thread only: > 0 while SIGTERM must not unwind it
+        self._exit_deferred = False
         self._available_now = False
         self._toucher: threading.Thread | None = None
         self._stop_touching = threading.Event()
@@ -108,10 +111,8 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
         """Up to ``max_messages_per_batch`` buffered messages as rows, and the next offset."""
         self._ensure_started()
         seq = int(start["seq"])
-        messages = self._take()
+        messages = self._take(seq + 1)
         if messages:
-            with self._lock:
-                self._pending[seq + 1] = messages
             return iter([self._to_arrow(messages)]), {"seq": seq + 1}
         with self._lock:
             pending = bool(self._pending)
@@ -128,14 +129,16 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
     def commit(self, end: dict[str, Any]) -> None:
         """FIN every pending batch up to ``end`` (unknown or older offsets are ignored)."""
         last = int(end["seq"])
-        with self._lock:
-            done = [seq for seq in self._pending if seq <= last]
-            batches = [self._pending.pop(seq) for seq in sorted(done)]
         n = 0
-        for batch in batches:
-            for message in batch:
-                message.finish()
-            n += len(batch)
+        # Once popped, a batch is this thread's to FIN: a SIGTERM must not unwind it half-way.
+        with self._uninterrupted():
+            with self._lock:
+                done = [seq for seq in self._pending if seq <= last]
+                batches = [self._pending.pop(seq) for seq in sorted(done)]
+            for batch in batches:
+                for message in batch:
+                    message.finish()
+                n += len(batch)
         if n:
             log.debug("nsq source: committed offset %d, finished %d message(s)", last, n)
 
@@ -175,7 +178,8 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
             self._buffer.append(message)
             self._arrived.notify_all()
 
-    def _take(self) -> list[Message]:
+    def _take(self, seq: int) -> list[Message]:
+        """Wait for up to a batch of messages; what it returns is pending under ``seq``."""
         opts = self.options
         limit = opts.max_messages_per_batch
         with self._lock:
@@ -193,8 +197,14 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
             while len(self._buffer) < limit and len(self._buffer) != size:
                 size = len(self._buffer)
                 self._arrived.wait(_LINGER)
-            n = min(limit, len(self._buffer))
-            return [self._buffer.popleft() for _ in range(n)]
+            # Taken and pending in one step: close() finds every message in one place or the
+            # other, and a SIGTERM cannot land in between.
+            with self._uninterrupted():
+                n = min(limit, len(self._buffer))
+                messages = [self._buffer.popleft() for _ in range(n)]
+                if messages:
+                    self._pending[seq] = messages
+            return messages
 
     def _wait_for_drain_start(self) -> None:
         consumer = self._consumer
@@ -251,6 +261,17 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
         log.info("nsq source: stopping; requeued %d held message(s)", len(held))
         consumer.stop(timeout=10.0)
 
+    @contextlib.contextmanager
+    def _uninterrupted(self) -> Iterator[None]:
+        """On the main thread: a SIGTERM arriving inside exits only at its end."""
+        self._critical += 1
+        try:
+            yield
+        finally:
+            self._critical -= 1
+            if not self._critical and self._exit_deferred:
+                raise SystemExit(0)
+
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         # Spark sends SIGTERM twice: only the first one acts.
         if self._signalled:
@@ -258,9 +279,13 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
         self._signalled = True
         # The signal may have interrupted this very thread inside a lock that close() needs (the
         # source's own, or a connection's while commit() writes FINs): close on a thread of its
-        # own, which the interpreter waits for before it exits (not a daemon), and unwind this
-        # one at once, releasing whatever it held.
+        # own, which the interpreter waits for before it exits (not a daemon). This thread
+        # unwinds at once, releasing whatever it held, unless it is between taking messages and
+        # recording them, or FINing a committed batch: then it unwinds when that is done.
         threading.Thread(target=self._close_on_signal, name="nsq_sync-spark-sigterm").start()
+        if self._critical:
+            self._exit_deferred = True
+            return
         raise SystemExit(0)
 
     def _close_on_signal(self) -> None:

@@ -16,21 +16,20 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+from support.properties import PROFILE as _hypothesis_profile
 
 from nsq_sync import Consumer
 
 _RUNTIME_ENV = "NSQ_SYNC_TEST_RUNTIME"
 _TESTS = Path(__file__).resolve().parent
 
-# Property tests (Hypothesis): every run tries a few examples per test (25: tests/unit then runs
-# in 3.6-4.9 s on a quiet 2-core machine, 4.8-5.9 s with 50), which keeps tests/unit fast; NSQ_SYNC_HYPOTHESIS_PROFILE=thorough (set in the py311 tox envs) tries many more, so CI
-# still searches widely once per run. No deadline: the machine is shared and timing varies.
-# Tests that pin their own settings (the RDY state machine, the fuzz tests) keep them.
-_HYPOTHESIS_PROFILE_ENV = "NSQ_SYNC_HYPOTHESIS_PROFILE"
-_hypothesis_profile = os.environ.get(_HYPOTHESIS_PROFILE_ENV, "").strip() or "quick"
+# Property tests (Hypothesis): 25 examples per test in a developer's run and in CI, 300 in the
+# py311 envs (the profiles: tests/support/properties.py). No deadline: the machine is shared and
+# timing varies.
 settings.register_profile(
     "quick", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+settings.register_profile("ci", settings.get_profile("quick"))
 settings.register_profile("thorough", settings.get_profile("quick"), max_examples=300)
 settings.load_profile(_hypothesis_profile)
 

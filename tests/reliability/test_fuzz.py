@@ -40,6 +40,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.fake_nsqd import EXPECT_NOP, FakeNsqd, frame, message_frame
+from support.properties import examples
 
 from nsq_sync import Consumer, Producer
 from nsq_sync.errors import (
@@ -61,9 +62,9 @@ from .helpers import gevent_patched, wait_for
 
 MAX_FRAME = 4096  # the clients' max_frame_size here, so that "oversized" is cheap to script
 # Each example is a scripted server and a real client (~0.15 s): 40 under the thorough Hypothesis
-# profile (CI's 3.11 envs, see tests/conftest.py), 15 elsewhere; NSQ_SYNC_FUZZ_EXAMPLES overrides.
-_THOROUGH = os.environ.get("NSQ_SYNC_HYPOTHESIS_PROFILE", "").strip() == "thorough"
-EXAMPLES = int(os.environ.get("NSQ_SYNC_FUZZ_EXAMPLES", "40" if _THOROUGH else "15"))
+# profile (CI's 3.11 envs, see tests/support/properties.py), 15 elsewhere; NSQ_SYNC_FUZZ_EXAMPLES
+# overrides.
+EXAMPLES = examples(ci=15, quick=15, thorough=40, override="NSQ_SYNC_FUZZ_EXAMPLES")
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

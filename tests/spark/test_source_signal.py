@@ -10,9 +10,8 @@ import sys
 from typing import Any
 
 import pytest
-
-from tests.spark.spark_helpers import channel, drain, preload
-from tests.support.nsq import wait_for
+from spark_helpers import channel, drain, preload
+from support.nsq import wait_for
 
 CHANNEL = "spark"
 

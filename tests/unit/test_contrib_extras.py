@@ -1,7 +1,7 @@
 """Each integration names the extra to install when its framework is missing.
 
 (That importing nsq_sync and nsq_sync.contrib imports no framework is checked, in a fresh
-interpreter, by test_imports.py.)
+interpreter, by tests/integration/test_import_side_effects.py.)
 """
 
 from __future__ import annotations

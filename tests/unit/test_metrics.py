@@ -1,7 +1,8 @@
 """nsq_sync.metrics without sockets: the Prometheus series the consumer's parts report to
 (a fresh registry, the real ConnectionSet and responder over in-memory connections), the
 dead-letter counter, the settings parser, the trace envelope, and the extras' errors. (That
-``import nsq_sync.metrics`` imports neither library is checked by test_imports.py.)"""
+``import nsq_sync.metrics`` imports neither library is checked by
+tests/integration/test_import_side_effects.py.)"""
 
 from __future__ import annotations
 

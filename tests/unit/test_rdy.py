@@ -8,7 +8,6 @@ before the matching decrease would briefly hand out more credit than ``max_in_fl
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Hashable
 from typing import Any
@@ -23,6 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 from support.fakes import FakeClock
+from support.properties import examples
 
 from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff
 from nsq_sync.rdy import STARVED_RATIO, RDYManager
@@ -929,10 +929,10 @@ class RDYMachine(RuleBasedStateMachine):
 
 
 TestRDYMachine = RDYMachine.TestCase
-# Sized for the unit layer's budget (under 5 s for all of tests/unit): ~0.5 s here. Set
-# NSQ_SYNC_RDY_EXAMPLES (e.g. 2000) for a deeper search when changing rdy.py.
+# 30 runs in CI (~0.5 s here), 15 in a developer's run. Set NSQ_SYNC_RDY_EXAMPLES (e.g. 2000)
+# for a deeper search when changing rdy.py.
 TestRDYMachine.settings = settings(
-    max_examples=int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "30")),
+    max_examples=examples(ci=30, quick=15, override="NSQ_SYNC_RDY_EXAMPLES"),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -17,13 +17,13 @@ not modelled: it frees a slot the budget cannot see (a documented gap).
 
 from __future__ import annotations
 
-import os
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.properties import examples
 
 from nsq_sync.rdy import RDYManager
 
@@ -163,8 +163,9 @@ steps = st.lists(
 )
 
 
-# ~1 s here; NSQ_SYNC_RDY_EXAMPLES (e.g. 5000) searches deeper when changing the budget
-@settings(max_examples=int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "300")), deadline=None)
+# 300 examples in CI (~1 s here), 25 in a developer's run; NSQ_SYNC_RDY_EXAMPLES (e.g. 5000)
+# searches deeper when changing the budget
+@settings(max_examples=examples(ci=300, quick=25, override="NSQ_SYNC_RDY_EXAMPLES"), deadline=None)
 @given(
     n=st.integers(1, 30),
     messages=st.lists(st.integers(0, 40), min_size=1, max_size=4),

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 import random
 from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.properties import examples
 
 from nsq_sync.backoff import ExponentialBackoff
 from nsq_sync.rdy import RDYManager
@@ -184,8 +184,9 @@ def hops(n: int, max_in_flight: int) -> int:
     return max(0, math.ceil((n - max_in_flight) / max_in_flight))
 
 
-# ~0.4 s each here; NSQ_SYNC_RDY_EXAMPLES (e.g. 3000) searches deeper when changing the policy
-EXAMPLES = int(os.environ.get("NSQ_SYNC_RDY_EXAMPLES", "300")) // 10
+# 30 examples each in CI (~0.4 s each here), 10 in a developer's run; NSQ_SYNC_RDY_EXAMPLES
+# (e.g. 3000) searches deeper when changing the policy
+EXAMPLES = examples(ci=300, quick=100, override="NSQ_SYNC_RDY_EXAMPLES") // 10
 
 common = {
     "seed": st.integers(0, 2**16),

@@ -1,0 +1,31 @@
+"""How many examples the property tests (Hypothesis) try, by kind of run.
+
+``NSQ_SYNC_HYPOTHESIS_PROFILE`` names the profile:
+
+- ``quick`` (the default): a developer's ``pytest tests/unit``, which stays under 5 s;
+- ``ci``: every tox env (tox.ini sets it), the counts CI has always run;
+- ``thorough``: the CPython 3.11 envs, which search wider once per CI run.
+
+tests/conftest.py registers the profiles for tests that take Hypothesis's defaults; tests that
+size their own search (the RDY simulations, the fuzz tests) ask :func:`examples`.
+"""
+
+from __future__ import annotations
+
+import os
+
+PROFILE = os.environ.get("NSQ_SYNC_HYPOTHESIS_PROFILE", "").strip() or "quick"
+if PROFILE not in ("quick", "ci", "thorough"):
+    raise ValueError(f"NSQ_SYNC_HYPOTHESIS_PROFILE={PROFILE!r}: use quick, ci or thorough")
+
+
+def examples(ci: int, quick: int, thorough: int | None = None, override: str = "") -> int:
+    """The example count for this run's profile (``thorough`` defaults to ``ci``); the
+    environment variable named by ``override``, when set, wins."""
+    if override and os.environ.get(override):
+        return int(os.environ[override])
+    if PROFILE == "quick":
+        return quick
+    if PROFILE == "thorough" and thorough is not None:
+        return thorough
+    return ci

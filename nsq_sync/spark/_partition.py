@@ -44,6 +44,10 @@ __all__ = ["NsqPartition", "messages_to_arrow", "read_partition"]
 
 #: seconds a chunk stays open after its first message before it is staged anyway
 _CHUNK_LINGER = 0.25
+#: rows per Arrow batch handed to Spark: chunks are joined up to this many (the executor JVM
+#: spends about 1.7 ms per batch it receives with the source's columns; PySpark's own
+#: spark.sql.execution.arrow.maxRecordsPerBatch defaults to the same number)
+YIELD_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -129,14 +133,58 @@ class Superseded(RuntimeError):
 
 
 def read_partition(
-    partition: NsqPartition, options: SourceOptions, staging: Staging, names: list[str]
+    partition: NsqPartition,
+    options: SourceOptions,
+    staging: Staging,
+    names: list[str],
+    yield_rows: int = YIELD_ROWS,
 ) -> Iterator[Any]:
-    """Yield the partition's rows as Arrow RecordBatches (see the module docs).
+    """Yield the partition's rows as Arrow RecordBatches of up to ``yield_rows`` rows (staged
+    chunks joined; see the module docs). Closing it early stops the consuming at once.
 
     Raises:
         Superseded: another attempt of the partition completed it first.
         Exception: staging failed (the chunk's messages were requeued; Spark retries the task).
     """
+    rows = _read_partition(partition, options, staging, names)
+    try:
+        yield from _joined(rows, yield_rows)
+    finally:
+        rows.close()
+
+
+def _joined(batches: Iterator[Any], limit: int) -> Iterator[Any]:
+    """``batches`` joined into batches of ``limit`` rows or more (the last one fewer), in order.
+
+    Spark keeps a task's rows only when the task succeeds, at its end: holding up to ``limit``
+    rows here delays nothing Spark could use."""
+    held: list[Any] = []
+    count = 0
+    for batch in batches:
+        if held and batch.schema != held[0].schema:
+            yield _concat(held)
+            held, count = [], 0
+        held.append(batch)
+        count += batch.num_rows
+        if count >= limit:
+            yield _concat(held)
+            held, count = [], 0
+    if held:
+        yield _concat(held)
+
+
+def _concat(batches: list[Any]) -> Any:
+    """One RecordBatch of ``batches`` (same schema), in order."""
+    if len(batches) == 1:
+        return batches[0]
+    import pyarrow as pa
+
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
+def _read_partition(
+    partition: NsqPartition, options: SourceOptions, staging: Staging, names: list[str]
+) -> Generator[Any, None, None]:
     if partition.max_rows <= 0:
         return  # the empty batch that lets Spark commit the previous one
     attempt, info = _task()

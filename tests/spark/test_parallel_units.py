@@ -66,7 +66,10 @@ def test_a_partition_stages_fins_and_replays_without_consuming(
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=64)
     staging = Staging(str(tmp_path))
     part = NsqPartition(batch=1, index=0, max_rows=200)
-    first = _bodies(read_partition(part, options, staging, NAMES))
+    batches = list(read_partition(part, options, staging, NAMES))
+    # Spark gets the staged chunks (64 rows or fewer) joined into batches of up to 10,000 rows.
+    assert [batch.num_rows for batch in batches] == [200]
+    first = _bodies(batches)
     assert len(first) == 200 and len(set(first)) == 200 and set(first) <= set(bodies)
     stats = _settled(nsqd, nsq_topic)
     assert stats["depth"] == 100  # the 200 staged messages were FINed, nothing else taken
@@ -76,8 +79,10 @@ def test_a_partition_stages_fins_and_replays_without_consuming(
     assert manifest is not None and manifest.total == 200 and len(manifest.chunks) >= 4
     assert manifest.info["pid"] == os.getpid()
     # Read again (a task retry, a re-run batch): the same rows, nothing consumed.
-    again = _bodies(read_partition(part, options, staging, NAMES))
-    assert again == first
+    again = list(read_partition(part, options, staging, NAMES, yield_rows=100))
+    assert _bodies(again) == first
+    sizes = [batch.num_rows for batch in again]  # chunks joined until they reach 100 rows
+    assert all(100 <= n < 164 for n in sizes[:-1]) and 0 < sizes[-1] < 164
     assert channel(nsqd.http_address, nsq_topic, CHANNEL)["depth"] == 100
     # The commit deletes the batch's staging, and only batches up to it.
     read_partition(NsqPartition(batch=2, index=0, max_rows=10), options, staging, NAMES)
@@ -298,8 +303,8 @@ def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
     bodies = preload(nsqd.tcp_address, nsq_topic, 400)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50, max_in_flight=50)
     staging = Staging(str(tmp_path))
-    reader = read_partition(NsqPartition(1, 0, 400), options, staging, NAMES)
-    first = next(reader)
+    reader = read_partition(NsqPartition(1, 0, 400), options, staging, NAMES, yield_rows=1)
+    first = next(reader)  # one chunk
     stage = staging.partition(1, 0)
     stage.seal("other")
     listed = stage.complete_chunks()
@@ -325,8 +330,8 @@ def _read_one_chunk_and_close(
     bodies = preload(nsqd.tcp_address, topic, published)
     options = _options(nsqd, topic, tmp_path, chunk_size=50)
     staging = Staging(str(tmp_path))
-    reader = read_partition(NsqPartition(1, 0, max_rows), options, staging, NAMES)
-    first = next(reader)
+    reader = read_partition(NsqPartition(1, 0, max_rows), options, staging, NAMES, yield_rows=1)
+    first = next(reader)  # one chunk
     reader.close()
     return bodies, options, staging, first
 

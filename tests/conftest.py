@@ -23,14 +23,14 @@ from nsq_sync import Consumer
 _RUNTIME_ENV = "NSQ_SYNC_TEST_RUNTIME"
 _TESTS = Path(__file__).resolve().parent
 
-# Property tests (Hypothesis): 25 examples per test in a developer's run and in CI, 300 in the
+# Property tests (Hypothesis): 10 examples per test in a developer's run, 25 in CI, 300 in the
 # py311 envs (the profiles: tests/support/properties.py). No deadline: the machine is shared and
 # timing varies.
 settings.register_profile(
-    "quick", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.register_profile("ci", settings.get_profile("quick"))
-settings.register_profile("thorough", settings.get_profile("quick"), max_examples=300)
+settings.register_profile("quick", settings.get_profile("ci"), max_examples=10)
+settings.register_profile("thorough", settings.get_profile("ci"), max_examples=300)
 settings.load_profile(_hypothesis_profile)
 
 # tests/spark needs pyspark (the `spark` extra, installed only in the py311-spark tox env, which

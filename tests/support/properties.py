@@ -2,7 +2,8 @@
 
 ``NSQ_SYNC_HYPOTHESIS_PROFILE`` names the profile:
 
-- ``quick`` (the default): a developer's ``pytest tests/unit``, which stays under 5 s;
+- ``quick`` (the default): a developer's ``pytest tests/unit``, which stays under 5 s (the
+  dev/CI split Hypothesis's docs recommend);
 - ``ci``: every tox env (tox.ini sets it), the counts CI has always run;
 - ``thorough``: the CPython 3.11 envs, which search wider once per CI run.
 

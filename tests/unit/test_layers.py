@@ -86,13 +86,20 @@ def _layer_of(unit: str) -> int:
     raise AssertionError(f"nsq_sync/{unit} is in no layer of tests/unit/test_layers.py")
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
 def _runtime_imports(source: str, package: tuple[str, ...] = ()) -> list[tuple[int, str]]:
     """(line, first part below nsq_sync) of every first-party import outside TYPE_CHECKING in
     ``source``, a module of the subpackage ``package`` of nsq_sync (``()``: nsq_sync itself)."""
     tree = ast.parse(source)
     skipped: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
             for inner in node.body:
                 skipped.update(id(n) for n in ast.walk(inner))
     found: list[tuple[int, str]] = []

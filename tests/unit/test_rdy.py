@@ -929,10 +929,10 @@ class RDYMachine(RuleBasedStateMachine):
 
 
 TestRDYMachine = RDYMachine.TestCase
-# 30 runs in CI (~0.5 s here), 15 in a developer's run. Set NSQ_SYNC_RDY_EXAMPLES (e.g. 2000)
+# 30 runs in CI (~0.5 s here), 10 in a developer's run. Set NSQ_SYNC_RDY_EXAMPLES (e.g. 2000)
 # for a deeper search when changing rdy.py.
 TestRDYMachine.settings = settings(
-    max_examples=examples(ci=30, quick=15, override="NSQ_SYNC_RDY_EXAMPLES"),
+    max_examples=examples(ci=30, quick=10, override="NSQ_SYNC_RDY_EXAMPLES"),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -293,38 +293,31 @@ def main(argv: list[str] | None = None) -> int:
                 f"sink {n / sink_s:,.0f} rows/s, producer {n / producer_s:,.0f} rows/s", flush=True
             )
             publish(rows(nd), small)
-            if not args.cold:
-                publish(rows(20_000), warm_topic)
-                results["first_query"] = _source(
+
+            def parallel(to: str, count: int, name: str) -> Any:
+                return _source(
                     spark,
                     http,
                     nsqd,
-                    warm_topic,
-                    20_000,
-                    work / "checkpoint-warmup",
+                    to,
+                    count,
+                    work / f"checkpoint-{name}",
                     nsqd_http_addresses=nsqd.http_address,
                     parallelism=args.parallelism,
-                    staging_location=work / "staging-warmup",
+                    staging_location=work / f"staging-{name}",
                     max_messages_per_batch=args.per_batch,
                 )
+
+            if not args.cold:
+                publish(rows(20_000), warm_topic)
+                results["first_query"] = parallel(warm_topic, 20_000, "warmup")
                 print(
                     f"warm-up: the first streaming query took {results['first_query']['seconds']:.1f} s "
                     "for 20,000 rows",
                     flush=True,
                 )
 
-            results["parallel"] = _source(
-                spark,
-                http,
-                nsqd,
-                topic,
-                n,
-                work / "checkpoint-parallel",
-                nsqd_http_addresses=nsqd.http_address,
-                parallelism=args.parallelism,
-                staging_location=work / "staging",
-                max_messages_per_batch=args.per_batch,
-            )
+            results["parallel"] = parallel(topic, n, "parallel")
             print(f"parallel source: {results['parallel']}", flush=True)
             cpu = _cpu()
             consumer_s = _run_python(_CONSUMER, nsqd.tcp_address, topic, "plain", n)

@@ -15,23 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from support.properties import PROFILE as _hypothesis_profile
+from support.properties import load_profile
 
 from nsq_sync import Consumer
 
 _RUNTIME_ENV = "NSQ_SYNC_TEST_RUNTIME"
 _TESTS = Path(__file__).resolve().parent
 
-# Property tests (Hypothesis): 10 examples per test in a developer's run, 25 in CI, 300 in the
-# py311 envs (the profiles: tests/support/properties.py). No deadline: the machine is shared and
-# timing varies.
-settings.register_profile(
-    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile("quick", settings.get_profile("ci"), max_examples=10)
-settings.register_profile("thorough", settings.get_profile("ci"), max_examples=300)
-settings.load_profile(_hypothesis_profile)
+# Property tests (Hypothesis): how deep they search is this run's profile
+# (tests/support/properties.py).
+load_profile()
 
 # tests/spark needs pyspark (the `spark` extra, installed only in the py311-spark tox env, which
 # sets NSQ_SYNC_TEST_SPARK=1). Elsewhere the folder is not collected at all, rather than skipped

@@ -40,7 +40,7 @@ from nsq_sync.spark._staging import PartitionStage, Staging
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NsqPartition", "messages_to_arrow", "read_partition"]
+__all__ = ["NsqPartition", "messages_to_arrow", "read_partition", "requeue_now"]
 
 #: seconds a chunk stays open after its first message before it is staged anyway
 _CHUNK_LINGER = 0.25
@@ -271,7 +271,7 @@ def _consume(
 
     def stage_chunk(messages: list[Message]) -> None:
         if superseded:  # a batch handed over before the stop took effect
-            _requeue_now(messages)
+            requeue_now(messages)
             return
         try:
             if failed:
@@ -282,11 +282,11 @@ def _consume(
                 superseded.append(name)
         except BaseException as exc:
             failed.append(exc)
-            _requeue_now(messages)  # not the messages' fault
+            requeue_now(messages)  # not the messages' fault
             consumer.stop()  # from the handler: the stop completes on its own task
             raise
         if superseded:  # whoever sealed may have listed it or not: requeue, never FIN
-            _requeue_now(messages)
+            requeue_now(messages)
             consumer.stop()  # from the handler: the stop completes on its own task
             return
         rows[name] = batch.num_rows
@@ -344,7 +344,7 @@ def _consume(
         )
 
 
-def _requeue_now(messages: list[Message]) -> None:
+def requeue_now(messages: list[Message]) -> None:
     """Back to the channel at once, not FINed, and no backoff (not the messages' fault)."""
     for message in messages:
         message.requeue(0.0, backoff=False)

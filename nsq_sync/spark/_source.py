@@ -45,7 +45,7 @@ from nsq_sync.consumer import Consumer
 from nsq_sync.errors import NSQError
 from nsq_sync.message import Message
 from nsq_sync.spark._options import SourceOptions
-from nsq_sync.spark._partition import messages_to_arrow
+from nsq_sync.spark._partition import messages_to_arrow, requeue_now
 
 try:  # pyspark >= 4.1 (availableNow for Python sources)
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
@@ -256,8 +256,7 @@ class NsqStreamReader(SimpleDataSourceStreamReader, _AvailableNow):  # type: ign
             self._pending.clear()
             consumer = self._consumer
         self._stop_touching.set()
-        for message in held:
-            message.requeue(0.0, backoff=False)
+        requeue_now(held)
         log.info("nsq source: stopping; requeued %d held message(s)", len(held))
         consumer.stop(timeout=10.0)
 

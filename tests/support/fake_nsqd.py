@@ -33,6 +33,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,7 @@ class Connection:
     commands: list[bytes] = field(default_factory=list)
     scripted: bool = False
     closed: threading.Event = field(default_factory=threading.Event)
+    accepted_at: float = field(default_factory=time.monotonic)  # when the fake accepted it
 
     def count(self, name: bytes) -> int:
         return sum(1 for c in self.commands if c.split(b" ", 1)[0] == name)
@@ -160,6 +162,7 @@ class FakeNsqd:
         self.subscribed = 0  # connections that got OK to SUB
         self.published: list[bytes] = []  # bodies answered with OK
         self.errors: list[BaseException] = []  # unexpected failures of the fake itself
+        self.returned_at: float | None = None  # the test's: when the call it timed returned
         self._spawn(self._accept_loop, "accept")
 
     # ------------------------------------------------------------------ lifecycle

@@ -1,7 +1,9 @@
 """BatchConsumer: handle messages in batches, on top of the Consumer's machinery.
 
-The consumer's worker pool hands each message to :meth:`BatchConsumer._collect`, which marks it
-async (the pool neither finishes nor requeues it) and adds it to the open batch. One batch task
+The consumer's one worker hands what it takes from the dispatch queue to
+:meth:`BatchConsumer._collect_many`, a list per wake-up: each message checked as a handler's would
+be (``WorkerPool._screen``) and marked async (the pool neither finishes nor requeues it); they join
+the open batch. One batch task
 closes the open batch and calls ``handle_batch(messages)`` when the batch holds ``batch_size``
 messages, ``batch_timeout`` seconds after its first message, or as soon as no more credit can
 fill it: every nsqd's RDY is used up by messages in flight and all of them are in the batch
@@ -122,7 +124,8 @@ class BatchConsumer:
         self.config = self._consumer.config
         self.log = self._consumer.log
         self._open: list[Message] = []  # collected, not yet handed to handle_batch
-        self._arrived: list[float] = []  # when each message in _open arrived
+        # when _open[k * batch_size] arrived, for each k: when each batch still to be taken began
+        self._arrived: list[float] = []
         self._busy = 0  # messages in the batch handle_batch is running on
         self._closing = False  # the consumer stopped: leave once the open batch is handled
         self._stopping = False  # stop() began
@@ -136,6 +139,7 @@ class BatchConsumer:
         self._parts = parts
         self._lock = parts.runtime.lock()
         self._wake = parts.runtime.event()
+        parts.pool.collect = self._collect_many  # the worker hands over lists, not messages
 
     @property
     def _machinery(self) -> ConsumerParts:
@@ -270,20 +274,31 @@ class BatchConsumer:
 
     # ------------------------------------------------------------------ batching
 
-    def _collect(self, message: Message) -> None:
-        """The consumer's handler (on its one worker): add ``message`` to the open batch."""
-        message.enable_async()
+    def _collect_many(self, messages: list[Message]) -> None:
+        """The consumer's one worker hands over what it took (checked, marked async): add
+        ``messages`` to the open batch, in order."""
+        size = self.batch_size
+        opened = self._open
+        arrived = self._arrived
         with self._lock:
-            self._open.append(message)
-            self._arrived.append(time.monotonic())
-            # once per batch: the batch task looks again after each batch it handles
-            wake = len(self._open) == 1 or len(self._open) == self.batch_size
+            before = len(opened)
+            opened.extend(messages)
+            after = len(opened)
+            # Batches are taken from the front, batch_size at a time (or all that is open), so
+            # only every batch_size-th message can begin one: only its arrival time is kept.
+            begins = -(-before // size) * size  # the first such position from ``before`` on
+            if begins < after:
+                now = time.monotonic()
+                arrived.extend([now] * ((after - 1 - begins) // size + 1))
+            # the batch task looks again after each batch it handles: wake it when the open
+            # batch begins or fills
+            wake = before == 0 or before < size <= after
         if wake:
             self._wake.set()
 
     def _cannot_grow(self, in_batches: int) -> bool:
         """True when no more messages can join the open batch: no credit left, and every message
-        in flight is in the batches (none is still on its way to ``_collect``)."""
+        in flight is in the batches (none is still on its way to ``_collect_many``)."""
         credit_left, in_flight, _ = self._machinery.connections.credit()
         return credit_left == 0 and in_flight <= in_batches
 
@@ -306,7 +321,7 @@ class BatchConsumer:
                     if count >= self.batch_size or wait <= 0 or self._closing:
                         batch = self._take()
             if count == 0 and self._stopping:
-                # leave once nothing can reach _collect any more: the consumer is stopping (it
+                # leave once nothing can reach _collect_many any more: the consumer is stopping (it
                 # requeues whatever arrives now) and nothing it received is still in flight
                 connections = self._machinery.connections
                 if connections.stopping and connections.in_flight() == 0:
@@ -328,7 +343,7 @@ class BatchConsumer:
         """The oldest ``batch_size`` messages of the open batch (caller holds ``_lock``)."""
         batch = self._open[: self.batch_size]
         del self._open[: self.batch_size]
-        del self._arrived[: self.batch_size]
+        del self._arrived[:1]  # the next batch (if any) begins at the next batch_size-th
         self._busy = len(batch)
         return batch
 
@@ -409,7 +424,9 @@ class _Collector(PartsUser):
         self._owner = owner
 
     def __call__(self, message: Message) -> None:
-        self._owner._collect(message)
+        # not called while the pool's collect is set (attach sets it): kept correct anyway
+        message._async = True
+        self._owner._collect_many([message])
 
     def attach(self, parts: ConsumerParts) -> None:
         self._owner._attach(parts)

@@ -163,6 +163,10 @@ class WorkerPool:
         #: called before each message is handled (handler call or give-up); False: it is not,
         #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
         self.admit: Callable[[Message], bool] | None = None
+        #: set by BatchConsumer before the workers start: the messages a worker takes go to it
+        #: in one list per wake-up, in order, after the same checks as a handler's (stale,
+        #: refused, past max_attempts); the handler is not called (see :meth:`_collect_work`)
+        self.collect: Callable[[list[Message]], None] | None = None
         self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
         # deques: append and popleft are atomic, so workers and the flusher share them lock-free
         self._messages: deque[Message] = deque()
@@ -234,6 +238,9 @@ class WorkerPool:
         return not alive
 
     def _work(self) -> None:
+        if self.collect is not None:
+            self._collect_work(self.collect)
+            return
         get = self.queue.get
         popleft = self._messages.popleft
         process = self._process
@@ -276,8 +283,50 @@ class WorkerPool:
         finally:
             self.flush_held()
 
-    def _process(self, message: Message) -> bool:
-        """Run one message; True when it is to be finished by the caller (handler returned)."""
+    def _collect_work(self, collect: Callable[[list[Message]], None]) -> None:
+        """A worker for a handler that only collects (BatchConsumer's: it cannot fail or
+        block): each wake-up, every queued message that passes :meth:`_screen` goes to
+        ``collect`` in one list, marked async (its batch answers it), in order. Per message it
+        costs the checks and an append instead of a handler call; what the checks raise is
+        handled as in :meth:`_work`, and what was collected before it is never dropped."""
+        get = self.queue.get
+        popleft = self._messages.popleft
+        screen = self._screen
+        message: Message | None = None
+        try:
+            while get() is not _STOP:
+                admitted: list[Message] = []
+                try:
+                    while True:
+                        try:
+                            message = popleft()
+                        except IndexError:
+                            break
+                        try:
+                            if screen(message):
+                                message._async = True
+                                admitted.append(message)
+                        except Exception:  # never let a worker die silently
+                            self.log.exception("worker failed while processing %r", message)
+                        except (SystemExit, KeyboardInterrupt) as exc:
+                            if self.on_fatal is None:
+                                raise
+                            self.on_fatal(exc)
+                finally:
+                    if admitted:
+                        collect(admitted)
+        except BaseException:  # GreenletExit, or what on_fatal could not take: end this worker
+            self.log.error(
+                "worker stopped by %r while processing %r",
+                sys.exc_info()[1],
+                message,
+                exc_info=True,
+            )
+
+    def _screen(self, message: Message) -> bool:
+        """True when ``message`` is to be handled; else it was answered here: skipped (its
+        connection closed), requeued (the consumer is stopping, or run()'s gate refused it) or
+        given up (past max_attempts)."""
         if self.is_stale(message):
             self.on_skip(message)
             return False
@@ -286,6 +335,12 @@ class WorkerPool:
             return False
         if 0 < self.max_attempts < message.attempts:
             self.give_up(message)
+            return False
+        return True
+
+    def _process(self, message: Message) -> bool:
+        """Run one message; True when it is to be finished by the caller (handler returned)."""
+        if not self._screen(message):
             return False
         try:
             self.handler(message)

@@ -559,3 +559,42 @@ def test_giving_up_that_raises_after_the_dead_letter_publish_still_finishes(
     m = h.message(attempts=1)
     assert h.run(m) == [("finish", m.id)]  # a requeue would dead-letter it twice
     assert "in the dead-letter topic: finishing it" in caplog.text
+
+
+def test_a_collecting_worker_hands_over_what_it_admits_in_order_and_answers_the_rest() -> None:
+    """BatchConsumer's worker (pool.collect set): the handler never runs; stale, refused and
+    over-attempts messages are answered as a handler's worker would; the others reach collect
+    in one list per wake-up, in order, marked async; what give-up raises is handled as in a
+    handler's worker (an Exception logged, SystemExit to on_fatal) and loses nothing."""
+    fatal: list[BaseException] = []
+
+    def giving_up(message: Message) -> None:
+        if message.body == b"exit":
+            raise SystemExit(3)
+        if message.body == b"fail":
+            raise ValueError("give-up handler failed")
+
+    h = Harness(ok, max_attempts=2, giving_up=giving_up)
+    collected: list[list[Message]] = []
+    h.pool.collect = collected.append
+    h.pool.on_fatal = fatal.append
+    refused = h.message()
+    h.pool.admit = lambda message: message is not refused
+    first, second = h.message(), h.message()
+    over, over_fail, over_exit = (h.message(attempts=3, body=b) for b in (b"x", b"fail", b"exit"))
+    last = h.message()
+    h.start()
+    h.pool.submit_many([first, refused, over, second, over_fail, over_exit, last])
+    h.stop()
+    assert [m.id for batch in collected for m in batch] == [first.id, second.id, last.id]
+    assert all(m._async and not m.has_responded for batch in collected for m in batch)
+    assert ("handler", first.id) not in h.events
+    assert sorted(h.responder.calls) == sorted(
+        [
+            ("requeue", refused.id, 0.0, False),
+            ("finish", over.id),  # given up
+            ("requeue", over_fail.id, None, False),  # its give-up handler failed
+            ("requeue", over_exit.id, None, False),
+        ]
+    )
+    assert [type(e) for e in fatal] == [SystemExit]

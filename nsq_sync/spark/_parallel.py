@@ -32,6 +32,7 @@ from pyspark.sql.types import StructType
 from nsq_sync.errors import ConfigError, NSQError
 from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.lookupd import LookupdClient
+from nsq_sync.spark._executor import freeze_worker_heap
 from nsq_sync.spark._options import SourceOptions
 from nsq_sync.spark._partition import NsqPartition, read_partition
 from nsq_sync.spark._staging import Staging
@@ -163,6 +164,7 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Runs on an executor: replay the partition's staging, or consume and stage it."""
+        freeze_worker_heap()
         return read_partition(partition.value, self.options, self.staging, self.schema.fieldNames())
 
     # ------------------------------------------------------------------ /stats

@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
 
 from nsq_sync.errors import ConfigError, InvalidBody, PublishError
 from nsq_sync.producer import Producer
+from nsq_sync.spark._executor import freeze_worker_heap
 from nsq_sync.spark._options import SinkOptions
 
 try:  # pyspark >= 4.1: the streaming writer gets Arrow batches too
@@ -288,6 +289,7 @@ class NsqWriter(DataSourceArrowWriter):
         self.columns = columns
 
     def write(self, iterator: Iterator[Any]) -> NsqCommitMessage:
+        freeze_worker_heap()
         return _publish_arrow(self.options, self.columns, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -306,6 +308,7 @@ class NsqStreamWriter(_StreamWriterBase):  # type: ignore[misc,valid-type]
         self.columns = columns
 
     def write(self, iterator: Iterator[Any]) -> NsqCommitMessage:
+        freeze_worker_heap()
         if _STREAM_ARROW:
             return _publish_arrow(self.options, self.columns, iterator)
         return _publish_rows(self.options, self.columns, iterator)  # pragma: no cover

@@ -160,3 +160,48 @@ def test_empty_and_untopiced_rows_are_refused_naming_the_row() -> None:
         publisher.add(None, "t")
     with pytest.raises(InvalidBody, match="row 2 of partition 0 has an empty body"):
         publisher.add(b"", "t")
+
+
+_FREEZE_PROBE = """
+import gc, os, sys
+from nsq_sync.spark._executor import freeze_worker_heap
+
+class Cycle:
+    pass
+
+freeze_worker_heap()
+frozen = gc.get_freeze_count()
+assert frozen > 10_000, frozen  # the interpreter's, pyarrow's and nsq_sync's objects
+assert "pyarrow.compute" in sys.modules and "pyarrow.ipc" in sys.modules
+freeze_worker_heap()  # a second task in the same worker: nothing more is frozen
+assert gc.get_freeze_count() == frozen, (gc.get_freeze_count(), frozen)
+# what a task makes afterwards is still collected (a cycle: only the collector frees it)
+gc.disable()
+for _ in range(1000):
+    a, b = Cycle(), Cycle()
+    a.other, b.other = b, a
+del a, b
+assert gc.collect() >= 2000
+gc.enable()
+child = os.fork()
+if child == 0:  # a worker forked after a freeze freezes its own heap at its first task
+    gc.unfreeze()
+    freeze_worker_heap()
+    os._exit(0 if gc.get_freeze_count() > 10_000 else 1)
+assert os.waitpid(child, 0)[1] == 0
+print("ok")
+"""
+
+
+def test_an_executor_worker_freezes_its_long_lived_objects_once() -> None:
+    """PySpark runs a full gc.collect() after every task in a reused Python worker; the first
+    nsq_sync task freezes what the worker holds (once per process), so those collections walk
+    only what later tasks make, and still free it. In a process of its own: freezing the
+    test's would keep its garbage."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

@@ -282,14 +282,14 @@ class BatchConsumer:
         arrived = self._arrived
         with self._lock:
             before = len(opened)
-            opened.extend(messages)
-            after = len(opened)
+            after = before + len(messages)
             # Batches are taken from the front, batch_size at a time (or all that is open), so
             # only every batch_size-th message can begin one: only its arrival time is kept.
             begins = -(-before // size) * size  # the first such position from ``before`` on
-            if begins < after:
-                now = time.monotonic()
-                arrived.extend([now] * ((after - 1 - begins) // size + 1))
+            starts = (after - 1 - begins) // size + 1 if begins < after else 0
+            times = [time.monotonic()] * starts if starts else []
+            opened.extend(messages)  # the two lists change together, nothing between them
+            arrived.extend(times)
             # the batch task looks again after each batch it handles: wake it when the open
             # batch begins or fills
             wake = before == 0 or before < size <= after
@@ -351,6 +351,8 @@ class BatchConsumer:
         pool = self._machinery.pool
         live = []
         for message in batch:
+            if message._responded:  # requeued when handing it to the batch failed
+                continue
             if pool.is_stale(message):
                 # nsqd redelivers it; it took a place of a run (admitted into the batch)
                 self._machinery.connections.skipped(message, admitted=True)

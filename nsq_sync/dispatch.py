@@ -28,6 +28,10 @@ messages, so a busy consumer writes many FINs per system call. The ``backstop`` 
 flusher) is armed whenever a handler starts while FINs are held, and writes them out within
 ``FIN_HOLD`` seconds if no worker did: a handler that runs long never holds back the FINs of the
 messages before it. A consumer that is not busy writes each FIN as soon as its handler returns.
+
+A BatchConsumer's pool runs no handler: its worker hands the messages that pass the same checks
+(not stale, not refused, not past max_attempts) to the open batch a list at a time
+(``WorkerPool.collect``), and the batch answers them.
 """
 
 from __future__ import annotations
@@ -101,6 +105,14 @@ def ends_task(exc: BaseException) -> bool:
     return greenlet is not None and isinstance(exc, greenlet.GreenletExit)
 
 
+def _requeue_unanswered(messages: list[Message]) -> None:
+    """Requeue at once (no delay, no backoff: not the messages' fault) each one still
+    unanswered."""
+    for message in messages:
+        if not message.has_responded:
+            message.requeue(0.0, backoff=False)
+
+
 class WorkerPool:
     """``concurrency`` tasks running handlers from one queue. ``submit``/``submit_many`` are
     thread-safe.
@@ -164,8 +176,9 @@ class WorkerPool:
         #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
         self.admit: Callable[[Message], bool] | None = None
         #: set by BatchConsumer before the workers start: the messages a worker takes go to it
-        #: in one list per wake-up, in order, after the same checks as a handler's (stale,
-        #: refused, past max_attempts); the handler is not called (see :meth:`_collect_work`)
+        #: in lists, after the same checks as a handler's (stale, refused, past max_attempts);
+        #: the handler is not called (see :meth:`_collect_work`; in order with one worker, as
+        #: BatchConsumer has)
         self.collect: Callable[[list[Message]], None] | None = None
         self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
         # deques: append and popleft are atomic, so workers and the flusher share them lock-free
@@ -284,37 +297,40 @@ class WorkerPool:
             self.flush_held()
 
     def _collect_work(self, collect: Callable[[list[Message]], None]) -> None:
-        """A worker for a handler that only collects (BatchConsumer's: it cannot fail or
-        block): each wake-up, every queued message that passes :meth:`_screen` goes to
-        ``collect`` in one list, marked async (its batch answers it), in order. Per message it
-        costs the checks and an append instead of a handler call; what the checks raise is
-        handled as in :meth:`_work`, and what was collected before it is never dropped."""
+        """A worker for a handler that only collects (BatchConsumer's): each wake-up, every
+        queued message that passes :meth:`_screen` is marked async (its batch answers it) and
+        goes to ``collect`` in one list, in order; before a message that is past max_attempts,
+        what was admitted so far goes first (its give-up may wait on a dead-letter publish).
+        Per message it costs the checks and an append instead of a handler call. What the
+        checks or ``collect`` raise is handled as in :meth:`_work`; a message taken and not
+        collected is requeued at once, never left in flight."""
         get = self.queue.get
         popleft = self._messages.popleft
         screen = self._screen
+        max_attempts = self.max_attempts
         message: Message | None = None
+        admitted: list[Message] = []
         try:
             while get() is not _STOP:
-                admitted: list[Message] = []
-                try:
-                    while True:
-                        try:
-                            message = popleft()
-                        except IndexError:
-                            break
-                        try:
-                            if screen(message):
-                                message._async = True
-                                admitted.append(message)
-                        except Exception:  # never let a worker die silently
-                            self.log.exception("worker failed while processing %r", message)
-                        except (SystemExit, KeyboardInterrupt) as exc:
-                            if self.on_fatal is None:
-                                raise
-                            self.on_fatal(exc)
-                finally:
-                    if admitted:
-                        collect(admitted)
+                while True:
+                    try:
+                        message = popleft()
+                    except IndexError:
+                        break
+                    if admitted and 0 < max_attempts < message.attempts:
+                        admitted = self._hand_over(collect, admitted)
+                    try:
+                        if screen(message):
+                            message._async = True
+                            admitted.append(message)
+                    except Exception:  # never let a worker die silently
+                        self.log.exception("worker failed while processing %r", message)
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        if self.on_fatal is None:
+                            raise
+                        self.on_fatal(exc)
+                if admitted:
+                    admitted = self._hand_over(collect, admitted)
         except BaseException:  # GreenletExit, or what on_fatal could not take: end this worker
             self.log.error(
                 "worker stopped by %r while processing %r",
@@ -322,6 +338,28 @@ class WorkerPool:
                 message,
                 exc_info=True,
             )
+        finally:
+            _requeue_unanswered(admitted)  # taken, never collected: not left in flight
+
+    def _hand_over(
+        self, collect: Callable[[list[Message]], None], admitted: list[Message]
+    ) -> list[Message]:
+        """``collect(admitted)``, and a new list for the next ones. If it raises, every message
+        of ``admitted`` still unanswered is requeued at once, and the error is handled as a
+        handler's in :meth:`_work` (logged; SystemExit or KeyboardInterrupt to ``on_fatal``)."""
+        try:
+            collect(admitted)
+        except BaseException as exc:
+            _requeue_unanswered(admitted)
+            if isinstance(exc, Exception):
+                self.log.exception(
+                    "handing %d message(s) to their batch failed; requeued", len(admitted)
+                )
+            elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and self.on_fatal is not None:
+                self.on_fatal(exc)
+            else:
+                raise
+        return []
 
     def _screen(self, message: Message) -> bool:
         """True when ``message`` is to be handled; else it was answered here: skipped (its

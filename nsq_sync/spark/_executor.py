@@ -8,11 +8,13 @@ of the parallel source reads 25,000 rows at the default 100,000 rows per batch o
 partitions: ~3 µs per row, more than a third of what the rest of the worker spends on a row
 (6.6-7.2 µs, ``bench/profile/spark_partition.py``).
 
-:func:`freeze_worker_heap` moves what the worker holds at its first nsq_sync task (the imported
-modules and their objects, alive for the process's life anyway) into the collector's permanent
-generation with :func:`gc.freeze`, once per process, after one collection so that no garbage
-is frozen. Later collections walk only what was made afterwards, and collect it as before. It
-runs only in a Spark task, never at import time.
+:func:`freeze_worker_heap` moves what the worker holds when its first nsq_sync task calls it
+into the collector's permanent generation with :func:`gc.freeze`, once per process, after one
+collection so that no garbage is frozen: mostly the imported modules and their objects, alive
+for the process's life anyway, plus that first task's own objects (its reader, options and
+iterators). Those are never collected even once garbage: a bounded amount, once per worker,
+that does not grow with the tasks that follow. Later collections walk only what was made after
+the freeze, and collect it as before. It runs only in a Spark task, never at import time.
 """
 
 from __future__ import annotations

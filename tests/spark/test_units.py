@@ -173,7 +173,8 @@ freeze_worker_heap()
 frozen = gc.get_freeze_count()
 assert frozen > 10_000, frozen  # the interpreter's, pyarrow's and nsq_sync's objects
 assert "pyarrow.compute" in sys.modules and "pyarrow.ipc" in sys.modules
-freeze_worker_heap()  # a second task in the same worker: nothing more is frozen
+kept = [Cycle() for _ in range(1000)]  # a later task's objects, still alive
+freeze_worker_heap()  # that task's start, in the same worker: nothing more is frozen
 assert gc.get_freeze_count() == frozen, (gc.get_freeze_count(), frozen)
 # what a task makes afterwards is still collected (a cycle: only the collector frees it)
 gc.disable()

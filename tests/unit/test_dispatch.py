@@ -564,8 +564,9 @@ def test_giving_up_that_raises_after_the_dead_letter_publish_still_finishes(
 def test_a_collecting_worker_hands_over_what_it_admits_in_order_and_answers_the_rest() -> None:
     """BatchConsumer's worker (pool.collect set): the handler never runs; stale, refused and
     over-attempts messages are answered as a handler's worker would; the others reach collect
-    in one list per wake-up, in order, marked async; what give-up raises is handled as in a
-    handler's worker (an Exception logged, SystemExit to on_fatal) and loses nothing."""
+    in order, marked async, in one list per wake-up except that a give-up waits for what came
+    before it to be collected; what give-up raises is handled as in a handler's worker (an
+    Exception logged, SystemExit to on_fatal) and loses nothing."""
     fatal: list[BaseException] = []
 
     def giving_up(message: Message) -> None:
@@ -586,7 +587,8 @@ def test_a_collecting_worker_hands_over_what_it_admits_in_order_and_answers_the_
     h.start()
     h.pool.submit_many([first, refused, over, second, over_fail, over_exit, last])
     h.stop()
-    assert [m.id for batch in collected for m in batch] == [first.id, second.id, last.id]
+    # what was admitted goes to its batch before each give-up (which may wait on a publish)
+    assert [[m.id for m in batch] for batch in collected] == [[first.id], [second.id], [last.id]]
     assert all(m._async and not m.has_responded for batch in collected for m in batch)
     assert ("handler", first.id) not in h.events
     assert sorted(h.responder.calls) == sorted(
@@ -598,3 +600,34 @@ def test_a_collecting_worker_hands_over_what_it_admits_in_order_and_answers_the_
         ]
     )
     assert [type(e) for e in fatal] == [SystemExit]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("collect failed"), SystemExit(4)])
+def test_a_collecting_worker_requeues_what_collect_failed_to_take_and_goes_on(
+    error: BaseException,
+) -> None:
+    """collect raising (a bug, or SystemExit under gevent): the messages it was handed are
+    requeued at once, not left in flight; an Exception is logged, SystemExit goes to on_fatal;
+    the worker goes on collecting."""
+    fatal: list[BaseException] = []
+    h = Harness(ok)
+    collected: list[list[Message]] = []
+
+    def collect(messages: list[Message]) -> None:
+        if not collected:
+            collected.append([])
+            raise error
+        collected.append(messages)
+
+    h.pool.collect = collect
+    h.pool.on_fatal = fatal.append
+    lost, kept = h.message(), h.message()
+    h.start()
+    h.pool.submit_many([lost])
+    wait_for(lambda: len(collected) == 1, "the first hand-over", TIMEOUT)
+    h.pool.submit_many([kept])
+    h.stop()
+    assert [[m.id for m in batch] for batch in collected] == [[], [kept.id]]
+    assert h.responder.calls == [("requeue", lost.id, 0.0, False)]
+    assert not kept.has_responded
+    assert fatal == ([] if isinstance(error, Exception) else [error])

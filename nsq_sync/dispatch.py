@@ -271,14 +271,8 @@ class WorkerPool:
                         backstop.watch()  # FINs held while another handler runs: arm it
                     try:
                         to_finish = process(message)
-                    except Exception:  # never let a worker die silently
-                        self.log.exception("worker failed while processing %r", message)
-                        continue
-                    except (SystemExit, KeyboardInterrupt) as exc:
-                        # the message was requeued; the consumer stops (run() re-raises it)
-                        if self.on_fatal is None:
-                            raise
-                        self.on_fatal(exc)
+                    except BaseException as exc:  # the message was answered (or requeued)
+                        self._failed(exc, message)
                         continue
                     if to_finish:
                         held.append(message)
@@ -286,13 +280,8 @@ class WorkerPool:
                             self.flush_held()
                 if held:  # out of messages: nothing waits for a batch to fill
                     self.flush_held()
-        except BaseException:  # SystemExit, KeyboardInterrupt, GreenletExit: end this worker
-            self.log.error(
-                "worker stopped by %r while processing %r",
-                sys.exc_info()[1],
-                message,
-                exc_info=True,
-            )
+        except BaseException:  # what _failed let through: end this worker
+            self._stopped_by(message)
         finally:
             self.flush_held()
 
@@ -323,21 +312,12 @@ class WorkerPool:
                         if screen(message):
                             message._async = True
                             admitted.append(message)
-                    except Exception:  # never let a worker die silently
-                        self.log.exception("worker failed while processing %r", message)
-                    except (SystemExit, KeyboardInterrupt) as exc:
-                        if self.on_fatal is None:
-                            raise
-                        self.on_fatal(exc)
+                    except BaseException as exc:
+                        self._failed(exc, message)
                 if admitted:
                     admitted = self._hand_over(collect, admitted)
-        except BaseException:  # GreenletExit, or what on_fatal could not take: end this worker
-            self.log.error(
-                "worker stopped by %r while processing %r",
-                sys.exc_info()[1],
-                message,
-                exc_info=True,
-            )
+        except BaseException:  # what _failed let through: end this worker
+            self._stopped_by(message)
         finally:
             _requeue_unanswered(admitted)  # taken, never collected: not left in flight
 
@@ -346,20 +326,32 @@ class WorkerPool:
     ) -> list[Message]:
         """``collect(admitted)``, and a new list for the next ones. If it raises, every message
         of ``admitted`` still unanswered is requeued at once, and the error is handled as a
-        handler's in :meth:`_work` (logged; SystemExit or KeyboardInterrupt to ``on_fatal``)."""
+        handler's (:meth:`_failed`)."""
         try:
             collect(admitted)
         except BaseException as exc:
             _requeue_unanswered(admitted)
-            if isinstance(exc, Exception):
-                self.log.exception(
-                    "handing %d message(s) to their batch failed; requeued", len(admitted)
-                )
-            elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and self.on_fatal is not None:
-                self.on_fatal(exc)
-            else:
-                raise
+            self._failed(exc, f"a hand-over of {len(admitted)} message(s), requeued")
         return []
+
+    def _failed(self, exc: BaseException, what: object) -> None:
+        """A worker's one step (``what``: a message, or a hand-over) raised ``exc``, after its
+        messages were answered: an Exception is logged and the worker goes on; SystemExit or
+        KeyboardInterrupt goes to ``on_fatal`` (the consumer stops, run() re-raises it);
+        anything else, or either of those without ``on_fatal``, is raised again: it ends the
+        worker. Call it from the ``except`` clause."""
+        if isinstance(exc, Exception):  # never let a worker die silently
+            self.log.exception("worker failed while processing %r", what)
+        elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and self.on_fatal is not None:
+            self.on_fatal(exc)
+        else:
+            raise exc
+
+    def _stopped_by(self, message: Message | None) -> None:
+        """Log what ends a worker (call it from the ``except`` clause)."""
+        self.log.error(
+            "worker stopped by %r while processing %r", sys.exc_info()[1], message, exc_info=True
+        )
 
     def _screen(self, message: Message) -> bool:
         """True when ``message`` is to be handled; else it was answered here: skipped (its

@@ -59,6 +59,33 @@ def _ready(nsqd: NsqdProcess, topic: str) -> int | None:
     return sum(int(c["ready_count"]) for c in stats["clients"])
 
 
+def _channel_counts(nsqd: NsqdProcess, topic: str) -> str:
+    """What nsqd holds for the topic and its channel, for a failure message."""
+    with NsqdHTTPClient(nsqd.http_url, timeout=5.0) as client:
+        stats = client.topic_stats(topic, include_clients=False)
+    if stats is None:
+        return "no topic"
+    channels = [c for c in stats["channels"] if c["channel_name"] == CHANNEL]
+    if not channels:
+        return f"topic depth {stats['depth']}, no channel"
+    return ", ".join(
+        f"{key} {channels[0][key]}" for key in ("depth", "in_flight_count", "deferred_count")
+    )
+
+
+def _drained(nsqd: NsqdProcess, topic: str) -> bool:
+    """Nothing is left for the consumer on ``nsqd``. An nsqd the churn started near the end
+    may never have received a message (no topic), or hold the topic and not yet the channel
+    (the consumer subscribes once lookupd lists it): not drained while the topic holds any."""
+    with NsqdHTTPClient(nsqd.http_url, timeout=5.0) as client:
+        stats = client.topic_stats(topic, include_clients=False)
+    if stats is None:
+        return True
+    if not any(c["channel_name"] == CHANNEL for c in stats["channels"]):
+        return int(stats["depth"]) == 0
+    return channel_if_drained(nsqd.http_url, topic) is not None
+
+
 def test_nsqds_join_and_leave_while_messages_flow(
     nsq_cluster: Any,
     nsqd_factory: Callable[..., NsqdProcess],
@@ -212,11 +239,18 @@ def test_nsqds_join_and_leave_while_messages_flow(
         stopped = [n for n in nsqds if not n.is_running]
     for nsqd in stopped:
         nsqd.restart()
-    wait_for(lambda: tally.covers(succeeded), f"all {len(succeeded)} acknowledged messages", 90.0)
-    for nsqd in nsqds:
-        wait_for(
-            lambda nsqd=nsqd: channel_if_drained(nsqd.http_url, nsq_topic), "every channel empty"
-        )
+    try:
+        wait_for(lambda: tally.covers(succeeded), "every acknowledged message handled", 90.0)
+        for nsqd in nsqds:
+            wait_for(lambda nsqd=nsqd: _drained(nsqd, nsq_topic), f"{nsqd.tcp_address} drained")
+    except AssertionError as exc:
+        lost = tally.lost(succeeded)
+        raise AssertionError(
+            f"{exc}: {len(lost)} of {len(succeeded)} acknowledged messages not handled "
+            f"(e.g. {lost[:3]}); the nsqds' channels: "
+            f"{ {n.tcp_address: _channel_counts(n, nsq_topic) for n in nsqds} }; "
+            f"churn: {', '.join(churn_log)}"
+        ) from None
     assert consumer.stop(timeout=10.0) is True
     tasks_after, fds_after = settle_leaks(tasks_before, fds_before)
 

@@ -143,10 +143,12 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """``parallelism`` partitions sharing the batch's rows (one empty partition for the
-        empty batch). A pure function of ``end``."""
+        empty batch), a function of ``end``; marks the batch open in the staging location
+        (its partitions consume only while it is, see ``_staging``)."""
         batch, rows = int(end["batch"]), int(end["rows"])
         if rows <= 0 or batch <= int(start["batch"]):
             return [InputPartition(NsqPartition(batch, 0, 0))]
+        self.staging.open_batch(batch)
         n = self.options.parallelism
         per = math.ceil(rows / n)
         return [InputPartition(NsqPartition(batch, i, per)) for i in range(n)]

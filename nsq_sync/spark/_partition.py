@@ -13,7 +13,8 @@ own). It stops after ``max_rows`` messages, ``drain_idle_timeout`` seconds witho
 meanwhile (speculation), and writes the MANIFEST. Spark keeps a task's rows only if the task
 succeeds, that is after the MANIFEST: a successful attempt's rows are exactly the chunks listed
 there, and a failed attempt's chunks are adopted by the next one. An attempt that stages a
-chunk after another one sealed the partition requeues it and fails (:class:`Superseded`); see
+chunk after another one sealed the partition, or after its batch was committed, requeues it
+and fails (:class:`Superseded`), and one that starts after the commit consumes nothing; see
 ``_staging`` for why nothing FINed is ever left out of the MANIFEST.
 
 A message received but not yet staged when the worker dies is not FINed: nsqd delivers it again
@@ -128,8 +129,8 @@ def _task() -> tuple[str, dict[str, Any]]:
 
 class Superseded(RuntimeError):
     """Another attempt of the partition completed it while this one was consuming (speculative
-    execution): this attempt's rows must not be used, so the task fails; Spark keeps the other
-    attempt's."""
+    execution), or the batch was committed before or while this attempt ran: its rows must not
+    be used, so the task fails; Spark keeps the other attempt's."""
 
 
 def read_partition(
@@ -201,6 +202,14 @@ def _read_partition(
         for name in manifest.chunks:
             yield from stage.read_chunk(name)
         return
+    if not stage.batch_open():
+        raise Superseded(
+            f"nsq source: batch {partition.batch} is not open in the staging location "
+            f"{staging.location!r}: it was committed before this attempt of partition "
+            f"{partition.index} started (a late speculative attempt: it consumes nothing), or "
+            f"this executor does not see the staging the driver writes (staging_location must "
+            f"be storage the driver and every executor share)"
+        )
     started = time.monotonic()
     rows: dict[str, int] = {}  # chunk name -> rows, in the order they went to Spark
     adopted = stage.complete_chunks()
@@ -213,6 +222,8 @@ def _read_partition(
         # its output and the next attempt adopts the chunks; if it succeeds, its output is
         # exactly the chunks the MANIFEST lists.
         yield from _consume(stage, attempt, remaining, options, names, rows, summary)
+    if not stage.batch_open():
+        raise _committed_meanwhile(stage)  # a late attempt: write nothing more
     # No attempt FINs a chunk from here on; every chunk FINed so far is complete, so listed.
     stage.seal(attempt)
     late = [name for name in stage.complete_chunks() if name not in rows]
@@ -226,6 +237,8 @@ def _read_partition(
             len(adopted) + len(late),
             {**info, "consumed": consumed, "seconds": round(time.monotonic() - started, 3)},
         )
+    if stage.discard_if_committed():  # committed while it sealed: what it wrote is gone again
+        raise _committed_meanwhile(stage)
     log.info(
         "nsq source: batch %d partition %d: staged %d row(s), adopted %d row(s) staged by "
         "other attempts, in %.2f s (%s)",
@@ -235,6 +248,13 @@ def _read_partition(
         sum(rows.values()) - consumed,
         time.monotonic() - started,
         summary[0].reason if summary else "nothing to consume",
+    )
+
+
+def _committed_meanwhile(stage: PartitionStage) -> Superseded:
+    return Superseded(
+        f"nsq source: batch {stage.batch} was committed while this attempt of partition "
+        f"{stage.index} ran (a losing speculative attempt): what it staged is not kept"
     )
 
 
@@ -260,9 +280,9 @@ def _consume(
     yield each chunk once it is staged. The consumer runs on a thread of its own; closing the
     generator early (Spark stopped reading) stops it: what it staged is adopted by the next
     read of the partition, what it did not stage is requeued. A chunk staged after another
-    attempt sealed the partition is requeued, not FINed, and the attempt ends in
-    :class:`Superseded` (once that attempt's MANIFEST is there, so Spark sees it succeed
-    first)."""
+    attempt sealed the partition (or after the batch was committed and its staging deleted)
+    is requeued, not FINed, and the attempt ends in :class:`Superseded` (once that attempt's
+    MANIFEST is there, so Spark sees it succeed first)."""
     failed: list[BaseException] = []
     superseded: list[str] = []
     crashed: list[BaseException] = []
@@ -278,7 +298,7 @@ def _consume(
                 raise RuntimeError("staging failed earlier in this task")
             batch = messages_to_arrow(messages, options, names)
             name = stage.write_chunk(batch, attempt)
-            if stage.sealed():
+            if not stage.may_fin():
                 superseded.append(name)
         except BaseException as exc:
             failed.append(exc)
@@ -288,6 +308,10 @@ def _consume(
         if superseded:  # whoever sealed may have listed it or not: requeue, never FIN
             requeue_now(messages)
             consumer.stop()  # from the handler: the stop completes on its own task
+            try:
+                stage.discard_if_committed()  # a chunk written after the commit: not left
+            except Exception:  # noqa: BLE001 - only tidying: the chunk is never listed
+                log.warning("nsq source: could not delete %s", name, exc_info=True)
             return
         rows[name] = batch.num_rows
         staged.put(batch)
@@ -335,12 +359,15 @@ def _consume(
     if crashed:
         raise crashed[0]
     if superseded:
+        # Fail only once the sealer's MANIFEST is there, so that Spark sees it succeed first
+        # (no wait when the batch's staging is gone: it was committed).
         deadline = time.monotonic() + options.partition_timeout
-        while stage.manifest() is None and time.monotonic() < deadline:
+        while stage.manifest() is None and stage.sealed() and time.monotonic() < deadline:
             time.sleep(0.2)
         raise Superseded(
             f"nsq source: batch {stage.batch} partition {stage.index} was completed by another "
-            f"attempt while this one ran; its last chunk ({superseded[0]}) was requeued"
+            f"attempt (or its batch committed) while this one ran; its last chunk "
+            f"({superseded[0]}) was requeued"
         )
 
 

@@ -2,6 +2,7 @@
 
 Layout under the staging location (one per query)::
 
+    <location>/batch-<b>/OPEN                                         planned, not committed
     <location>/batch-<b>/part-<i>/chunk-<attempt id>-<pid>-<n>.arrow   a staged chunk
     <location>/batch-<b>/part-<i>/SEALED                              no more consuming here
     <location>/batch-<b>/part-<i>/MANIFEST                            the partition, complete
@@ -13,6 +14,11 @@ sealed yet. A chunk without a MANIFEST beside it belongs to an attempt that fail
 it, or to one still running (speculation): the attempt that completes the partition first writes
 SEALED, then lists every complete chunk, then writes the MANIFEST (JSON, written the same way)
 naming them; once it exists every later read of the partition replays exactly those chunks.
+The driver writes OPEN when it plans the batch, and committing the batch deletes its folder,
+OPEN with it. An attempt consumes only if OPEN is there, and FINs a chunk only while OPEN is
+there and SEALED is not: an attempt that starts or runs on after the commit (a losing
+speculative attempt Spark has not stopped yet) FINs nothing, also on an object store, where its
+writes would succeed after the deletion, and deletes again what it wrote after the commit.
 
 Nothing here imports pyspark; pyarrow is imported inside the functions.
 """
@@ -33,6 +39,7 @@ __all__ = ["Manifest", "PartitionStage", "Staging"]
 
 MANIFEST = "MANIFEST"
 SEALED = "SEALED"
+OPEN = "OPEN"
 _CHUNK_SUFFIX = ".arrow"
 _TMP = ".tmp"
 
@@ -123,6 +130,21 @@ class Staging:
                     continue
         return sorted(found)
 
+    def open_batch(self, batch: int) -> None:
+        """Mark ``batch`` planned (the driver, before its partitions run; idempotent): its
+        partitions consume only while the mark is there, and :meth:`delete_through` removes it.
+
+        Raises:
+            OSError: the staging location cannot be written.
+        """
+        fs = self.fs
+        folder = self.path(f"batch-{batch}")
+        fs.create_dir(folder, recursive=True)
+        tmp = f"{folder}/{OPEN}.{uuid.uuid4().hex}{_TMP}"
+        with fs.open_output_stream(tmp):
+            pass
+        fs.move(tmp, f"{folder}/{OPEN}")
+
     def delete_through(self, batch: int) -> list[int]:
         """Delete the staging of every batch up to ``batch``; return the batch numbers deleted."""
         done = [b for b in self.batches() if b <= batch]
@@ -140,6 +162,7 @@ class PartitionStage:
     def __init__(self, staging: Staging, batch: int, index: int) -> None:
         self.staging = staging
         self.dir = staging.path(f"batch-{batch}", f"part-{index}")
+        self._open = staging.path(f"batch-{batch}", OPEN)
         self.batch = batch
         self.index = index
         self._made = False
@@ -170,6 +193,32 @@ class PartitionStage:
         import pyarrow.fs as pafs
 
         return bool(self.fs.get_file_info(f"{self.dir}/{SEALED}").type != pafs.FileType.NotFound)
+
+    def batch_open(self) -> bool:
+        """True while the batch is planned and not committed (its OPEN exists)."""
+        import pyarrow.fs as pafs
+
+        return bool(self.fs.get_file_info(self._open).type != pafs.FileType.NotFound)
+
+    def discard_if_committed(self) -> bool:
+        """If the batch is no longer open (committed), delete its folder again, with what a
+        late attempt wrote into it after the commit, and return True. Nothing there is needed:
+        the commit already deleted it once."""
+        if self.batch_open():
+            return False
+        try:
+            self.fs.delete_dir(self.staging.path(f"batch-{self.batch}"))
+        except FileNotFoundError:
+            pass
+        return True
+
+    def may_fin(self) -> bool:
+        """True while what is staged here may be FINed: the batch is open (not committed) and
+        the partition not sealed. One metadata lookup of two paths, once per staged chunk."""
+        import pyarrow.fs as pafs
+
+        opened, sealed = self.fs.get_file_info([self._open, f"{self.dir}/{SEALED}"])
+        return bool(opened.type != pafs.FileType.NotFound and sealed.type == pafs.FileType.NotFound)
 
     def seal(self, attempt: str) -> None:
         """Forbid FINs of chunks staged here from now on (see the module docs)."""

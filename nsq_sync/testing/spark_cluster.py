@@ -1,4 +1,4 @@
-"""A real Spark standalone cluster (one master, one worker) on loopback, for tests and demos.
+"""A real Spark standalone cluster (a master, one worker or more) on loopback, for tests, demos.
 
 pip's pyspark ships ``bin/spark-class``, which runs the master and the worker daemons; this
 module starts them on 127.0.0.1 with free ports, waits until the master reports them ALIVE, and
@@ -89,13 +89,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 class SparkStandaloneCluster:
-    """One Spark master and one worker on 127.0.0.1. Not thread-safe; a context manager.
+    """One Spark master and one worker (or one per ``worker_hosts`` name) on loopback. Not
+    thread-safe; a context manager.
 
     Args:
         work_dir: Logs and the worker's ``--work-dir`` go here.
         cores: Cores the worker offers (applications take them with ``spark.cores.max``).
         memory: Memory the worker offers to executors, e.g. ``"2g"``.
         python: Interpreter for the Python workers (must have nsq_sync and pyarrow).
+        worker_hosts: One worker per name, each offering ``cores`` and ``memory``, known to
+            Spark by that name. Names of this machine's loopback (``127.0.0.1``,
+            ``localhost``) make workers that Spark takes for different hosts: it launches a
+            speculative copy of a task only on a host the task is not running on.
     """
 
     def __init__(
@@ -105,8 +110,12 @@ class SparkStandaloneCluster:
         cores: int = 2,
         memory: str = "2g",
         python: str = sys.executable,
+        worker_hosts: tuple[str, ...] = ("127.0.0.1",),
     ) -> None:
+        if not worker_hosts:
+            raise ValueError("worker_hosts: name at least one host")
         self.work_dir = Path(work_dir)
+        self.worker_hosts = worker_hosts
         self.cores = cores
         self.memory = memory
         self.python = python
@@ -131,7 +140,7 @@ class SparkStandaloneCluster:
         return env
 
     def start(self, timeout: float = 240.0) -> SparkStandaloneCluster:
-        """Start the master, then the worker; return once the master lists the worker ALIVE.
+        """Start the master, then the workers; return once the master lists them ALIVE.
 
         Raises:
             SparkClusterError: no pyspark or java, or a daemon exited or did not come up in time
@@ -141,7 +150,6 @@ class SparkStandaloneCluster:
         env = self.env()
         spark_class = str(spark_home() / "bin" / "spark-class")
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        (self.work_dir / "worker").mkdir(exist_ok=True)
         port, web = _free_port(), _free_port()
         self.master_url = f"spark://127.0.0.1:{port}"
         self.master_web_url = f"http://127.0.0.1:{web}"
@@ -153,17 +161,21 @@ class SparkStandaloneCluster:
                 env,
             )
             self._wait(lambda s: s.get("status") == "ALIVE", "the master", deadline)
-            self._spawn(
-                "worker",
-                [spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url]
-                + ["--host", "127.0.0.1", "--port", str(_free_port())]
-                + ["--webui-port", str(_free_port()), "--cores", str(self.cores)]
-                + ["--memory", self.memory, "--work-dir", str(self.work_dir / "worker")],
-                env,
-            )
+            for i, host in enumerate(self.worker_hosts):
+                name = "worker" if i == 0 else f"worker{i + 1}"
+                (self.work_dir / name).mkdir(exist_ok=True)
+                self._spawn(
+                    name,
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url]
+                    + ["--host", host, "--port", str(_free_port())]
+                    + ["--webui-port", str(_free_port()), "--cores", str(self.cores)]
+                    + ["--memory", self.memory, "--work-dir", str(self.work_dir / name)],
+                    env,
+                )
+            workers = len(self.worker_hosts)
             self._wait(
-                lambda s: any(w.get("state") == "ALIVE" for w in s.get("workers", [])),
-                "the worker",
+                lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", [])) >= workers,
+                "the workers" if workers > 1 else "the worker",
                 deadline,
             )
         except BaseException:
@@ -206,7 +218,7 @@ class SparkStandaloneCluster:
             time.sleep(0.25)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop the worker (and its executors), then the master. Idempotent."""
+        """Stop the workers (and their executors), then the master. Idempotent."""
         for proc in reversed(self._procs):
             _signal_group(proc, signal.SIGTERM)
             try:

@@ -24,6 +24,15 @@ def preload(tcp_address: str, topic: str, n: int, prefix: str = "m") -> list[byt
     return bodies
 
 
+def staging_worker(staging: Any) -> int | None:
+    """The pid of a Python worker that staged a chunk of a partition with no MANIFEST yet
+    (chunk files are named ``chunk-<attempt>-<pid>-<n>.arrow``), or None."""
+    for chunk in staging.glob("batch-*/part-*/chunk-*.arrow"):
+        if not (chunk.parent / "MANIFEST").exists():
+            return int(chunk.name.split("-")[2])
+    return None
+
+
 def channel(http_address: str, topic: str, name: str) -> dict[str, Any]:
     """The channel's /stats entry (an empty dict when it does not exist yet)."""
     with NsqdHTTPClient(http_address) as client:
@@ -68,11 +77,13 @@ def spark_submit(
     args: list[str],
     local_dir: Any,
     env_extra: dict[str, str] | None = None,
+    conf: dict[str, str] | None = None,
     **popen: Any,
 ) -> Any:
     """Start ``spark-submit script args`` on ``cluster`` as an application of its own, taking
-    the worker's third core (the test session's application holds the other two), in a new
-    process session (so that a test can kill the whole driver). Returns the Popen."""
+    the worker's third core (the test session's application holds the other two) unless
+    ``conf`` (Spark settings over these) says otherwise, in a new process session (so that a
+    test can kill the whole driver). Returns the Popen."""
     from nsq_sync.testing.spark_cluster import spark_home
 
     confs = {
@@ -85,6 +96,7 @@ def spark_submit(
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.local.dir": str(local_dir),
+        **(conf or {}),
     }
     argv = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
     for key, value in confs.items():

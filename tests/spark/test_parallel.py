@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import channel, kill_driver, preload, spark_submit
+from spark_helpers import channel, kill_driver, preload, spark_submit, staging_worker
 from support.nsq import wait_for
 
 pytestmark = pytest.mark.slow
@@ -184,14 +184,12 @@ def test_a_killed_python_worker_loses_nothing(
 
     def killer() -> None:
         # The partitions idle (drain_idle_timeout) before their MANIFEST: kill a worker that
-        # staged a chunk by then. Chunk files are named chunk-<attempt>-<pid>-<n>.arrow.
+        # staged a chunk by then.
         while not done.wait(0.05) and not killed:
-            for chunk in staging.glob("batch-*/part-*/chunk-*.arrow"):
-                if not (chunk.parent / "MANIFEST").exists():
-                    pid = int(chunk.name.split("-")[2])
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                    return
+            pid = staging_worker(staging)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
     def sink(batch: Any, batch_id: int) -> None:
         batch.write.mode("append").parquet(str(out))

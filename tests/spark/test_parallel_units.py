@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-from spark_helpers import channel, drain, preload
+from spark_helpers import channel, drain, preload, topic_stats
 from support.nsq import wait_for
 
 from nsq_sync.errors import ConfigError
@@ -50,6 +51,15 @@ def _bodies(batches: Any) -> list[bytes]:
     return [b for batch in batches for b in batch.column("body").to_pylist()]
 
 
+def _staging(location: Path, *batches: int) -> Staging:
+    """The staging location with ``batches`` open, as the driver leaves them when it plans them
+    (``partitions()``)."""
+    staging = Staging(str(location))
+    for batch in batches:
+        staging.open_batch(batch)
+    return staging
+
+
 def _settled(nsqd: Any, topic: str) -> dict[str, Any]:
     stats: dict[str, Any] = wait_for(
         lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
@@ -64,7 +74,7 @@ def test_a_partition_stages_fins_and_replays_without_consuming(
 ) -> None:
     bodies = preload(nsqd.tcp_address, nsq_topic, 300)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=64)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 1, 2)
     part = NsqPartition(batch=1, index=0, max_rows=200)
     batches = list(read_partition(part, options, staging, NAMES))
     # Spark gets the staged chunks (64 rows or fewer) joined into batches of up to 10,000 rows.
@@ -97,7 +107,7 @@ def test_the_next_attempt_adopts_what_a_failed_attempt_staged(
 ) -> None:
     bodies = preload(nsqd.tcp_address, nsq_topic, 100)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 3)
     stage = staging.partition(3, 1)
 
     # A failed attempt: it consumed and staged one chunk (FINed), then died before its MANIFEST.
@@ -126,7 +136,7 @@ def test_a_staging_failure_requeues_the_chunk_and_the_retry_adopts_the_rest(
 ) -> None:
     bodies = preload(nsqd.tcp_address, nsq_topic, 50)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=25)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 1)
     write_chunk = PartitionStage.write_chunk
     calls = []
 
@@ -165,6 +175,7 @@ def test_the_driver_plans_batches_from_nsqd_stats(
     assert reader.latestOffset(start, ReadMaxRows(300)) == {"batch": 1, "rows": 300}
     parts = reader.partitions(start, end)
     assert [p.value for p in parts] == [NsqPartition(1, i, 250) for i in range(4)]
+    assert Staging(str(tmp_path)).partition(1, 0).batch_open()  # planned: its reads may consume
     # The partitions are a pure function of the offsets, also in another copy of the reader.
     copy = cloudpickle.loads(cloudpickle.dumps(reader))
     assert [p.value for p in copy.partitions(start, end)] == [p.value for p in parts]
@@ -179,6 +190,54 @@ def test_the_driver_plans_batches_from_nsqd_stats(
     assert reader.latestOffset(tick, ReadMaxRows(1000)) == tick  # availableNow ends here
     reader.commit({"batch": 100, "rows": 0})
     assert Staging(str(tmp_path)).batches() == []
+
+
+def test_an_attempt_whose_batch_is_committed_while_it_waits_leaves_nothing(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """A losing attempt that consumed nothing is still waiting (drain_idle_timeout) when its
+    batch is committed: it ends in Superseded and does not seal or write a MANIFEST into the
+    deleted batch (the real-cluster speculation test found such a late attempt's files left
+    in the staging after the query)."""
+    options = _options(nsqd, nsq_topic, tmp_path, drain_idle_timeout=1.0)
+    staging = _staging(tmp_path, 1)
+    outcome: list[BaseException | None] = []
+
+    def attempt() -> None:
+        try:
+            list(read_partition(NsqPartition(1, 0, 50), options, staging, NAMES))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    wait_for(
+        lambda: channel(nsqd.http_address, nsq_topic, CHANNEL).get("client_count") == 1,
+        "the attempt subscribed",
+    )
+    assert staging.delete_through(1) == [1]  # the batch is committed
+    thread.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], Superseded), outcome
+    assert "committed while this attempt" in str(outcome[0])
+    assert staging.batches() == []
+
+
+def test_an_attempt_of_a_batch_that_is_not_open_consumes_nothing(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """A task attempt that starts after its batch was committed (a late speculative copy), or
+    on an executor that does not see the driver's staging location: it fails naming both
+    causes, and takes no message from nsqd."""
+    preload(nsqd.tcp_address, nsq_topic, 100)
+    options = _options(nsqd, nsq_topic, tmp_path)
+    staging = _staging(tmp_path, 1)
+    assert staging.delete_through(1) == [1]  # the batch is committed
+    with pytest.raises(Superseded, match="committed before this attempt.*share"):
+        list(read_partition(NsqPartition(1, 0, 50), options, staging, NAMES))
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # it never subscribed
+    assert topic_stats(nsqd.http_address, nsq_topic)["depth"] == 100
+    assert staging.batches() == []  # and wrote nothing
 
 
 def test_a_new_query_refuses_a_staging_location_with_batches_in_it(
@@ -269,7 +328,7 @@ def test_speculative_attempts_of_one_partition_lose_nothing(
     the MANIFEST (what a replay yields) does too; duplicates stay within a chunk per attempt."""
     bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50, max_in_flight=50)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 1)
     part = NsqPartition(batch=1, index=0, max_rows=2000)
     results: list[tuple[str, list[bytes]]] = []
     threads = [
@@ -302,7 +361,7 @@ def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
     its rows."""
     bodies = preload(nsqd.tcp_address, nsq_topic, 400)
     options = _options(nsqd, nsq_topic, tmp_path, chunk_size=50, max_in_flight=50)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 1)
     reader = read_partition(NsqPartition(1, 0, 400), options, staging, NAMES, yield_rows=1)
     first = next(reader)  # one chunk
     stage = staging.partition(1, 0)
@@ -322,6 +381,50 @@ def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
     assert kept | set(left) == set(bodies)
 
 
+def test_an_attempt_that_outlives_its_batch_commit_fins_nothing(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """An attempt runs on after another one completed the partition and the batch was
+    committed (its staging deleted, SEALED with it), as a losing speculative attempt may until
+    Spark stops it. On an object store its next chunk's write succeeds (the test makes the
+    folder again: a store has none to lose). That chunk is requeued, not FINed, and the attempt
+    fails without waiting for a MANIFEST: nothing is FINed outside the committed batch."""
+    first = preload(nsqd.tcp_address, nsq_topic, 100, prefix="a")
+    options = _options(
+        nsqd,
+        nsq_topic,
+        tmp_path,
+        chunk_size=50,
+        max_in_flight=50,
+        drain_idle_timeout=20,
+        partition_timeout=120,
+    )
+    staging = _staging(tmp_path, 1)
+    reader = read_partition(NsqPartition(1, 0, 1000), options, staging, NAMES, yield_rows=1)
+    read = 0
+    while read < len(first):
+        read += next(reader).num_rows
+    stage = staging.partition(1, 0)
+    stage.seal("other")  # the other attempt completes the partition with what is staged
+    listed = stage.complete_chunks()
+    committed = {b for name in listed for b in _bodies(stage.read_chunk(name))}
+    stage.write_manifest(listed, [stage.chunk_rows(name) for name in listed], len(listed), {})
+    assert committed == set(first)
+    assert staging.delete_through(1) == [1]  # the batch is committed
+    Path(stage.dir).mkdir(parents=True)
+    second = preload(nsqd.tcp_address, nsq_topic, 100, prefix="b")
+    started = time.monotonic()
+    with pytest.raises(Superseded, match="batch committed"):
+        for _ in reader:
+            pass
+    assert time.monotonic() - started < 60, "it waited for the MANIFEST of a committed batch"
+    stats = _settled(nsqd, nsq_topic)
+    assert stats["requeue_count"] >= 1
+    left = drain(nsqd.tcp_address, nsq_topic, CHANNEL, expect=stats["depth"], timeout=30)
+    assert committed | set(left) == set(first + second)  # nothing FINed after the commit
+    assert staging.batches() == []  # and what it wrote after the commit is gone again
+
+
 def _read_one_chunk_and_close(
     nsqd: Any, topic: str, tmp_path: Path, published: int, max_rows: int
 ) -> tuple[list[bytes], Any, Staging, Any]:
@@ -329,7 +432,7 @@ def _read_one_chunk_and_close(
     reading: (the bodies, the options, the staging, the chunk)."""
     bodies = preload(nsqd.tcp_address, topic, published)
     options = _options(nsqd, topic, tmp_path, chunk_size=50)
-    staging = Staging(str(tmp_path))
+    staging = _staging(tmp_path, 1)
     reader = read_partition(NsqPartition(1, 0, max_rows), options, staging, NAMES, yield_rows=1)
     first = next(reader)  # one chunk
     reader.close()

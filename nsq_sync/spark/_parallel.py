@@ -8,9 +8,10 @@ connection: the driver only asks nsqd's HTTP ``/stats`` (through lookupd, or the
 
 Offsets are batch numbers: ``{"batch": b, "rows": r}``, where ``r`` is the most rows batch ``b``
 reads (0 for the empty batch below). ``latestOffset`` makes a new batch only when the channel has
-depth, so an idle topic makes no batches; ``partitions(start, end)`` is a pure function of the
-offsets, so a batch Spark runs again (a driver restart before its commit) gets the same
-partitions, whose reads replay the staged chunks. ``commit(end)`` deletes the staging of every
+depth, so an idle topic makes no batches; ``partitions(start, end)`` depends on the offsets
+only, so a batch Spark runs again (a driver restart before its commit) gets the same
+partitions, whose reads replay the staged chunks; it also marks the batch OPEN in the staging
+location (partitions consume only while it is there; the commit deletes it). ``commit(end)`` deletes the staging of every
 batch up to ``end``. Spark commits batch N only while it builds batch N+1, so after a batch with
 rows, when nothing waits, ``latestOffset`` returns one empty batch (``rows`` 0; its read stages
 nothing): Spark commits the last batch and the staging location is left empty.
@@ -103,7 +104,9 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
             self._checked_leftovers = True
             # Spark also starts from here when it restarts a query that never committed a
             # batch: then batch 1 is staged and replays. Anything else is another query's.
-            leftovers = [b for b in self.staging.batches() if b != 1]
+            leftovers = [
+                b for b in self.staging.batches() if b != 1 and not self.staging.only_open(b)
+            ]
             if leftovers:
                 raise ConfigError(
                     f"option staging_location {self.options.staging_location!r} holds staged "

@@ -144,7 +144,9 @@ def read_partition(
     chunks joined; see the module docs). Closing it early stops the consuming at once.
 
     Raises:
-        Superseded: another attempt of the partition completed it first.
+        Superseded: another attempt of the partition completed it first, or the batch is not
+            open (committed before or while this attempt ran, or the staging location is not
+            one this executor shares with the driver).
         Exception: staging failed (the chunk's messages were requeued; Spark retries the task).
     """
     rows = _read_partition(partition, options, staging, names)
@@ -311,7 +313,9 @@ def _consume(
             try:
                 stage.discard_if_committed()  # a chunk written after the commit: not left
             except Exception:  # noqa: BLE001 - only tidying: the chunk is never listed
-                log.warning("nsq source: could not delete %s", name, exc_info=True)
+                log.warning(
+                    "nsq source: could not delete batch %d's staging", stage.batch, exc_info=True
+                )
             return
         rows[name] = batch.num_rows
         staged.put(batch)

@@ -137,19 +137,41 @@ class Staging:
         Raises:
             OSError: the staging location cannot be written.
         """
+        import pyarrow.fs as pafs
+
         fs = self.fs
         folder = self.path(f"batch-{batch}")
+        mark = f"{folder}/{OPEN}"
+        # Never replaced once there (a move onto it would remove it for a moment on HDFS, and
+        # an attempt would take the batch for committed); empty, so written in place.
+        if fs.get_file_info(mark).type != pafs.FileType.NotFound:
+            return
         fs.create_dir(folder, recursive=True)
-        tmp = f"{folder}/{OPEN}.{uuid.uuid4().hex}{_TMP}"
-        with fs.open_output_stream(tmp):
+        with fs.open_output_stream(mark):
             pass
-        fs.move(tmp, f"{folder}/{OPEN}")
+
+    def only_open(self, batch: int) -> bool:
+        """True when ``batch``'s folder holds its OPEN mark and nothing else (planned, never
+        read: no rows staged)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.path(f"batch-{batch}"), allow_not_found=True)
+        return [i.base_name for i in self.fs.get_file_info(selector)] == [OPEN]
 
     def delete_through(self, batch: int) -> list[int]:
-        """Delete the staging of every batch up to ``batch``; return the batch numbers deleted."""
+        """Delete the staging of every batch up to ``batch``; return the batch numbers deleted.
+        Each batch's OPEN goes first: an attempt that still finds it (after finding no SEALED)
+        knows the deletion had not begun (see :meth:`PartitionStage.may_fin`)."""
         done = [b for b in self.batches() if b <= batch]
         for b in done:
-            self.fs.delete_dir(self.path(f"batch-{b}"))
+            try:
+                self.fs.delete_file(self.path(f"batch-{b}", OPEN))
+            except FileNotFoundError:
+                pass
+            try:
+                self.fs.delete_dir(self.path(f"batch-{b}"))
+            except OSError:  # a late attempt wrote into it meanwhile: once more
+                self.fs.delete_dir(self.path(f"batch-{b}"))
         return done
 
     def partition(self, batch: int, index: int) -> PartitionStage:
@@ -188,8 +210,8 @@ class PartitionStage:
 
     def sealed(self) -> bool:
         """True once an attempt started completing the partition (SEALED exists; it is always
-        written before the MANIFEST): from then on no attempt may FIN what it stages here. One
-        metadata lookup, made once per staged chunk."""
+        written before the MANIFEST): from then on no attempt may FIN what it stages here (see
+        :meth:`may_fin`). One metadata lookup."""
         import pyarrow.fs as pafs
 
         return bool(self.fs.get_file_info(f"{self.dir}/{SEALED}").type != pafs.FileType.NotFound)
@@ -201,9 +223,10 @@ class PartitionStage:
         return bool(self.fs.get_file_info(self._open).type != pafs.FileType.NotFound)
 
     def discard_if_committed(self) -> bool:
-        """If the batch is no longer open (committed), delete its folder again, with what a
-        late attempt wrote into it after the commit, and return True. Nothing there is needed:
-        the commit already deleted it once."""
+        """If the batch is no longer open, delete its folder again, with what a late attempt
+        wrote into it after the commit, and return True. OPEN is never replaced once written
+        (:meth:`Staging.open_batch`) and the commit deletes it first, so its absence means the
+        commit began: nothing in the folder is needed."""
         if self.batch_open():
             return False
         try:
@@ -213,12 +236,15 @@ class PartitionStage:
         return True
 
     def may_fin(self) -> bool:
-        """True while what is staged here may be FINed: the batch is open (not committed) and
-        the partition not sealed. One metadata lookup of two paths, once per staged chunk."""
+        """True while what is staged here may be FINed: the partition is not sealed and the
+        batch is open (not committed). Two metadata lookups per staged chunk, in this order:
+        the commit deletes OPEN before anything else, so OPEN found after SEALED was not means
+        that SEALED was not there, rather than deleted by the commit."""
         import pyarrow.fs as pafs
 
-        opened, sealed = self.fs.get_file_info([self._open, f"{self.dir}/{SEALED}"])
-        return bool(opened.type != pafs.FileType.NotFound and sealed.type == pafs.FileType.NotFound)
+        if self.fs.get_file_info(f"{self.dir}/{SEALED}").type != pafs.FileType.NotFound:
+            return False
+        return self.batch_open()
 
     def seal(self, attempt: str) -> None:
         """Forbid FINs of chunks staged here from now on (see the module docs)."""

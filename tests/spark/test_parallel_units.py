@@ -199,7 +199,7 @@ def test_an_attempt_whose_batch_is_committed_while_it_waits_leaves_nothing(
     batch is committed: it ends in Superseded and does not seal or write a MANIFEST into the
     deleted batch (the real-cluster speculation test found such a late attempt's files left
     in the staging after the query)."""
-    options = _options(nsqd, nsq_topic, tmp_path, drain_idle_timeout=1.0)
+    options = _options(nsqd, nsq_topic, tmp_path, drain_idle_timeout=3.0)
     staging = _staging(tmp_path, 1)
     outcome: list[BaseException | None] = []
 
@@ -238,6 +238,41 @@ def test_an_attempt_of_a_batch_that_is_not_open_consumes_nothing(
     assert channel(nsqd.http_address, nsq_topic, CHANNEL) == {}  # it never subscribed
     assert topic_stats(nsqd.http_address, nsq_topic)["depth"] == 100
     assert staging.batches() == []  # and wrote nothing
+
+
+def test_the_open_mark_is_written_once_and_deleted_first(tmp_path: Path) -> None:
+    """Planning a batch again (a driver restart) leaves its OPEN mark as it is: replacing it
+    would remove it for a moment on HDFS, and an attempt would take the batch for committed.
+    A batch planned and never read holds only the mark: a new query does not take it for
+    another query's rows. The commit deletes the mark before the rest."""
+    staging = _staging(tmp_path, 1, 2)
+    mark = Path(staging.partition(2, 0)._open)
+    before = mark.stat()
+    staging.open_batch(2)
+    assert (mark.stat().st_ino, mark.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert staging.only_open(2)
+    Path(staging.partition(1, 0).dir).mkdir()
+    assert not staging.only_open(1)
+    deleted: list[str] = []
+    fs = staging.fs
+    real_delete_file, real_delete_dir = fs.delete_file, fs.delete_dir
+
+    class Recording:  # pyarrow's filesystem, with the order of the deletions written down
+        def __getattr__(self, name: str) -> Any:
+            return getattr(fs, name)
+
+        def delete_file(self, path: str) -> None:
+            deleted.append(path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1])
+            real_delete_file(path)
+
+        def delete_dir(self, path: str) -> None:
+            deleted.append(path.rsplit("/", 1)[-1] + "/")
+            real_delete_dir(path)
+
+    staging._fs = Recording()
+    assert staging.delete_through(2) == [1, 2]
+    assert deleted == ["batch-1/OPEN", "batch-1/", "batch-2/OPEN", "batch-2/"]
+    assert staging.batches() == []
 
 
 def test_a_new_query_refuses_a_staging_location_with_batches_in_it(

@@ -127,6 +127,7 @@ def test_a_stalled_partition_is_speculated_on_another_host_and_nothing_is_lost(
             if (t["stage"], t["index"]) == (copy["stage"], copy["index"]) and t is not copy
         ]
         assert others and all(t["host"] != copy["host"] for t in others), tasks
+        assert all(t["status"] != "SUCCESS" for t in others), tasks  # Spark stopped the original
     manifests = json.loads((work / "manifests.json").read_text())
     assert manifests and all(m["info"]["pid"] not in stopped for m in manifests), manifests
     assert any(m["adopted"] for m in manifests), "the copy did not take the stalled one's chunks"

@@ -183,9 +183,11 @@ def test_a_killed_python_worker_loses_nothing(
     done = threading.Event()
 
     def killer() -> None:
-        # The partitions idle (drain_idle_timeout) before their MANIFEST: kill a worker that
-        # staged a chunk by then.
-        while not done.wait(0.05) and not killed:
+        # Kill a worker that staged a chunk, before its partition's MANIFEST. A partition that
+        # gets fewer than its share idles (drain_idle_timeout) first; one that gets its share
+        # ends at once, so the window is only its consuming: max_in_flight 100 paces that to a
+        # chunk per round trip, and this looks every 10 ms (CI once missed it at 50 ms).
+        while not done.wait(0.01) and not killed:
             pid = staging_worker(staging)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
@@ -206,6 +208,7 @@ def test_a_killed_python_worker_loses_nothing(
                 staging,
                 parallelism=2,
                 chunk_size=100,
+                max_in_flight=100,
                 drain_idle_timeout="6s",
                 msg_timeout="5s",
             ),

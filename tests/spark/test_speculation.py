@@ -71,7 +71,7 @@ def test_a_stalled_partition_is_speculated_on_another_host_and_nothing_is_lost(
     def stall() -> None:
         # Stop a worker that staged a chunk, before its partition's MANIFEST (the partitions
         # idle 4 s at the end).
-        while not done.wait(0.05) and not stopped:
+        while not done.wait(0.01) and not stopped:
             pid = staging_worker(staging)
             if pid is not None:
                 os.kill(pid, signal.SIGSTOP)

@@ -491,6 +491,29 @@ def test_a_sealed_partition_without_manifest_is_completed_without_consuming(
     assert manifest is not None and manifest.total == staged
 
 
+def test_a_commit_stopped_mid_deletion_leaves_nothing_to_fin_and_is_finished_later(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """The driver died in the commit after deleting a batch's OPEN and before its folder (or
+    the store deletes a folder file by file): an unsealed partition with a chunk staged in it
+    is not taken for open. No attempt consumes or FINs there, and the next commit deletes
+    what is left."""
+    _, options, staging, first = _read_one_chunk_and_close(nsqd, nsq_topic, tmp_path, 300, 200)
+    stage = staging.partition(1, 0)
+    assert stage.complete_chunks() and not stage.sealed() and stage.may_fin()
+    staging.fs.delete_file(staging.path("batch-1", "OPEN"))  # the commit's first step only
+    assert not stage.may_fin()
+    depth = _settled(nsqd, nsq_topic)["depth"]
+    for index in (0, 1):  # the partition with a chunk in it, and one never read
+        with pytest.raises(Superseded, match="batch 1 is not open"):
+            list(read_partition(NsqPartition(1, index, 200), options, staging, NAMES))
+    assert _settled(nsqd, nsq_topic)["depth"] == depth  # consumed nothing
+    assert channel(nsqd.http_address, nsq_topic, CHANNEL)["in_flight_count"] == 0
+    staging.open_batch(2)
+    assert staging.delete_through(2) == [1, 2]  # the next batch's commit
+    assert staging.batches() == []
+
+
 def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(
     nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:

@@ -120,12 +120,12 @@ class Staging:
             infos = self.fs.get_file_info(pafs.FileSelector(self.path(), allow_not_found=True))
         except FileNotFoundError:
             return []
-        found = []
+        found = set()  # a set: an object store may list a folder twice (its prefix, a marker)
         for info in infos:
             name = info.base_name
             if info.type == pafs.FileType.Directory and name.startswith("batch-"):
                 try:
-                    found.append(int(name[6:]))
+                    found.add(int(name[6:]))
                 except ValueError:
                     continue
         return sorted(found)
@@ -143,12 +143,14 @@ class Staging:
         folder = self.path(f"batch-{batch}")
         mark = f"{folder}/{OPEN}"
         # Never replaced once there (a move onto it would remove it for a moment on HDFS, and
-        # an attempt would take the batch for committed); empty, so written in place.
+        # an attempt would take the batch for committed); a few bytes, so written in place
+        # (not empty: some S3-compatible stores refuse an empty upload part).
         if fs.get_file_info(mark).type != pafs.FileType.NotFound:
             return
         fs.create_dir(folder, recursive=True)
-        with fs.open_output_stream(mark):
-            pass
+        payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        with fs.open_output_stream(mark) as out:
+            out.write(payload.encode("utf-8"))
 
     def only_open(self, batch: int) -> bool:
         """True when ``batch``'s folder holds its OPEN mark and nothing else (planned, never
@@ -168,11 +170,21 @@ class Staging:
                 self.fs.delete_file(self.path(f"batch-{b}", OPEN))
             except FileNotFoundError:
                 pass
-            try:
-                self.fs.delete_dir(self.path(f"batch-{b}"))
-            except OSError:  # a late attempt wrote into it meanwhile: once more
-                self.fs.delete_dir(self.path(f"batch-{b}"))
+            self.delete_folder(b)
         return done
+
+    def delete_folder(self, batch: int) -> None:
+        """Delete ``batch``'s folder and what is in it; a folder already gone is fine."""
+        folder = self.path(f"batch-{batch}")
+        for again in (True, False):
+            try:
+                self.fs.delete_dir(folder)
+                return
+            except FileNotFoundError:  # deleted meanwhile (a late attempt's discard)
+                return
+            except OSError:  # a late attempt wrote into it meanwhile: once more
+                if not again:
+                    raise
 
     def partition(self, batch: int, index: int) -> PartitionStage:
         return PartitionStage(self, batch, index)
@@ -229,10 +241,7 @@ class PartitionStage:
         commit began: nothing in the folder is needed."""
         if self.batch_open():
             return False
-        try:
-            self.fs.delete_dir(self.staging.path(f"batch-{self.batch}"))
-        except FileNotFoundError:
-            pass
+        self.staging.delete_folder(self.batch)
         return True
 
     def may_fin(self) -> bool:

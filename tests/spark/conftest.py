@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.s3 import S3_ENV, S3Server, find_gofakes3
 
 from nsq_sync.testing.spark_cluster import SparkClusterError, SparkStandaloneCluster, find_java
 
@@ -27,6 +28,26 @@ def _need(condition: bool, why: str) -> None:
         if _in_ci():
             pytest.fail(f"CI run of the Spark tests without {why}", pytrace=False)
         pytest.skip(why)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _s3_environment() -> Iterator[None]:
+    """pyarrow's S3 settings for the staging tests (support.s3.S3_ENV), set before anything
+    starts Spark, so that the driver and the executors inherit them."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in S3_ENV.items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """An S3 server on loopback (gofakes3, in memory) for ``s3://`` staging locations."""
+    binary = find_gofakes3()
+    _need(binary is not None, "gofakes3 (scripts/build-nsq --s3 builds it into .nsq/bin)")
+    assert binary is not None
+    with S3Server(binary, tmp_path_factory.mktemp("s3") / "gofakes3.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -100,6 +100,36 @@ def test_available_now_reads_on_the_executors_into_parquet_once(
     assert list(staging.iterdir()) == []
 
 
+def test_available_now_stages_to_s3(
+    spark: Any, s3_server: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """The same query with staging_location s3://... (an S3 server on loopback): the driver
+    marks the batches, the executors stage to S3 and replay from it, every body arrives once
+    and the commits leave no object behind."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
+    out, location = tmp_path / "out", s3_server.location()
+    staged: list[list[str]] = []
+
+    def sink(batch: Any, batch_id: int) -> None:
+        batch.write.mode("append").parquet(str(out))
+        staged.append(s3_server.files(location))  # before Spark commits this batch
+
+    query = _run(
+        _stream(spark, nsqd, nsq_topic, location, max_messages_per_batch=1500),
+        sink,
+        tmp_path / "checkpoint",
+    )
+    assert query.awaitTermination(300), "availableNow did not end"
+    assert query.exception() is None
+    seen = _bodies(spark, out)
+    assert sorted(seen) == sorted(bodies)
+    assert set(seen.values()) == {1}
+    _drained(nsqd, nsq_topic)
+    manifests = [name for files in staged for name in files if name.endswith("/MANIFEST")]
+    assert len(manifests) >= 8, staged  # two batches (or more) of four partitions, on S3
+    assert s3_server.files(location) == []
+
+
 def test_a_wrong_staging_location_fails_when_the_query_starts(
     spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:

@@ -4,8 +4,7 @@ PySpark reuses an executor's Python worker from task to task (``spark.python.wor
 on by default) and runs a full ``gc.collect()`` after every task (``pyspark/daemon.py``). A full
 collection walks every object the garbage collector tracks: with pyspark, pyarrow and nsq_sync
 imported, 86,000 objects and 72-80 ms per task on this machine's benchmark cluster. A partition
-of the parallel source reads 25,000 rows at the default 100,000 rows per batch over four
-partitions: ~3 µs per row, more than a third of what the rest of the worker spends on a row
+of the parallel source reads 25,000 rows at 100,000 rows per batch over four partitions: ~3 µs per row, more than a third of what the rest of the worker spends on a row
 (6.6-7.2 µs, ``bench/profile/spark_partition.py``).
 
 :func:`freeze_worker_heap` moves what the worker holds when its first nsq_sync task calls it

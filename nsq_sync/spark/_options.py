@@ -263,7 +263,7 @@ def _parallel_options(
             f"entry; got {len(https)} for {len(direct)})"
         )
     per_batch = _int(
-        "max_messages_per_batch", mine.get("max_messages_per_batch"), 100_000, 1, 10**8
+        "max_messages_per_batch", mine.get("max_messages_per_batch"), 1_000_000, 1, 10**8
     )
     chunk = _int("chunk_size", mine.get("chunk_size"), 1000, 1, 1_000_000)
     # nsqd's --max-rdy-count default: a chunk is staged while the next one arrives.

@@ -33,6 +33,20 @@ def staging_worker(staging: Any) -> int | None:
     return None
 
 
+def staged_files(location: str) -> list[str]:
+    """Every file (object, on S3) under a staging location, a local path or a URI, relative to
+    it: what the source left there."""
+    import pyarrow.fs as pafs
+
+    from nsq_sync.spark._staging import Staging
+
+    staging = Staging(location)
+    base = staging.path()
+    selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+    infos = staging.fs.get_file_info(selector)
+    return sorted(i.path[len(base) + 1 :] for i in infos if i.type == pafs.FileType.File)
+
+
 def channel(http_address: str, topic: str, name: str) -> dict[str, Any]:
     """The channel's /stats entry (an empty dict when it does not exist yet)."""
     with NsqdHTTPClient(http_address) as client:

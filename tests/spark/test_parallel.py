@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import channel, kill_driver, preload, spark_submit, staging_worker
+from spark_helpers import (
+    channel,
+    kill_driver,
+    preload,
+    spark_submit,
+    staged_files,
+    staging_worker,
+)
 from support.nsq import wait_for
 
 pytestmark = pytest.mark.slow
@@ -66,6 +73,17 @@ def _bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
     return collections.Counter(bytes(r.body) for r in rows)
 
 
+def _run_once(spark: Any, df: Any, sink: Any, tmp_path: Path, bodies: list[bytes]) -> None:
+    """Run ``df`` availableNow into ``sink`` (which writes Parquet to ``tmp_path / "out"``) to
+    the end; every body is there exactly once."""
+    query = _run(df, sink, tmp_path / "checkpoint")
+    assert query.awaitTermination(300), "availableNow did not end"
+    assert query.exception() is None
+    seen = _bodies(spark, tmp_path / "out")
+    assert sorted(seen) == sorted(bodies)
+    assert set(seen.values()) == {1}
+
+
 def test_available_now_reads_on_the_executors_into_parquet_once(
     spark: Any, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
@@ -79,16 +97,8 @@ def test_available_now_reads_on_the_executors_into_parquet_once(
         manifests.extend(_manifests(staging))  # before Spark commits this batch
         batch_rows.append(batch.count())  # a second action on the batch replays its staging
 
-    query = _run(
-        _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=5000),
-        sink,
-        tmp_path / "checkpoint",
-    )
-    assert query.awaitTermination(300), "availableNow did not end"
-    assert query.exception() is None
-    seen = _bodies(spark, out)
-    assert sorted(seen) == sorted(bodies)
-    assert set(seen.values()) == {1}
+    df = _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=5000)
+    _run_once(spark, df, sink, tmp_path, bodies)
     assert sum(batch_rows) == 10_000 and all(rows <= 5000 for rows in batch_rows)
     stats = _drained(nsqd, nsq_topic)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
@@ -112,22 +122,14 @@ def test_available_now_stages_to_s3(
 
     def sink(batch: Any, batch_id: int) -> None:
         batch.write.mode("append").parquet(str(out))
-        staged.append(s3_server.files(location))  # before Spark commits this batch
+        staged.append(staged_files(location))  # before Spark commits this batch
 
-    query = _run(
-        _stream(spark, nsqd, nsq_topic, location, max_messages_per_batch=1500),
-        sink,
-        tmp_path / "checkpoint",
-    )
-    assert query.awaitTermination(300), "availableNow did not end"
-    assert query.exception() is None
-    seen = _bodies(spark, out)
-    assert sorted(seen) == sorted(bodies)
-    assert set(seen.values()) == {1}
+    df = _stream(spark, nsqd, nsq_topic, location, max_messages_per_batch=1500)
+    _run_once(spark, df, sink, tmp_path, bodies)
     _drained(nsqd, nsq_topic)
     manifests = [name for files in staged for name in files if name.endswith("/MANIFEST")]
     assert len(manifests) >= 8, staged  # two batches (or more) of four partitions, on S3
-    assert s3_server.files(location) == []
+    assert staged_files(location) == []
 
 
 def test_a_wrong_staging_location_fails_when_the_query_starts(

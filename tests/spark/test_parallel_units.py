@@ -1,6 +1,7 @@
-"""The parallel source's pieces without a SparkSession: staging on a local filesystem, a
-partition's read against a real nsqd (stage, FIN, MANIFEST, replay, adopt), the driver's
-planning from nsqd's /stats, and its options."""
+"""The parallel source's pieces without a SparkSession: staging on a local filesystem (and, where
+an object store behaves otherwise, on an S3 server: gofakes3 on loopback), a partition's read
+against a real nsqd (stage, FIN, MANIFEST, replay, adopt), the driver's planning from nsqd's
+/stats, and its options."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-from spark_helpers import channel, drain, preload, topic_stats
+from spark_helpers import channel, drain, preload, staged_files, topic_stats
 from support.nsq import wait_for
 
 from nsq_sync.errors import ConfigError
@@ -51,13 +52,20 @@ def _bodies(batches: Any) -> list[bytes]:
     return [b for batch in batches for b in batch.column("body").to_pylist()]
 
 
-def _staging(location: Path, *batches: int) -> Staging:
+def _staging(location: Path | str, *batches: int) -> Staging:
     """The staging location with ``batches`` open, as the driver leaves them when it plans them
     (``partitions()``)."""
     staging = Staging(str(location))
     for batch in batches:
         staging.open_batch(batch)
     return staging
+
+
+def _location(storage: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh staging location: a local folder, or a prefix on the S3 server."""
+    if storage == "s3":
+        return str(request.getfixturevalue("s3_server").location())
+    return str(tmp_path / "staging")
 
 
 def _settled(nsqd: Any, topic: str) -> dict[str, Any]:
@@ -69,12 +77,18 @@ def _settled(nsqd: Any, topic: str) -> dict[str, Any]:
     return stats
 
 
+STORAGES = pytest.mark.parametrize("storage", ["local", "s3"])
+
+
+@STORAGES
 def test_a_partition_stages_fins_and_replays_without_consuming(
-    nsqd: Any, nsq_topic: str, tmp_path: Path
+    storage: str, request: pytest.FixtureRequest, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
     bodies = preload(nsqd.tcp_address, nsq_topic, 300)
-    options = _options(nsqd, nsq_topic, tmp_path, chunk_size=64)
-    staging = _staging(tmp_path, 1, 2)
+    location = _location(storage, request, tmp_path)
+    options = _options(nsqd, nsq_topic, location, chunk_size=64)
+    staging = _staging(location, 1, 2, 2)  # batch 2 planned twice (a driver restart)
+    assert staging.batches() == [1, 2]  # each once (an object store lists prefix and marker)
     part = NsqPartition(batch=1, index=0, max_rows=200)
     batches = list(read_partition(part, options, staging, NAMES))
     # Spark gets the staged chunks (64 rows or fewer) joined into batches of up to 10,000 rows.
@@ -88,6 +102,9 @@ def test_a_partition_stages_fins_and_replays_without_consuming(
     manifest = stage.manifest()
     assert manifest is not None and manifest.total == 200 and len(manifest.chunks) >= 4
     assert manifest.info["pid"] == os.getpid()
+    staged = staged_files(staging.location)
+    assert {"batch-1/part-0/MANIFEST", "batch-1/part-0/SEALED"} <= set(staged)
+    assert not any(name.endswith(".tmp") for name in staged), staged  # every move completed
     # Read again (a task retry, a re-run batch): the same rows, nothing consumed.
     again = list(read_partition(part, options, staging, NAMES, yield_rows=100))
     assert _bodies(again) == first
@@ -100,6 +117,10 @@ def test_a_partition_stages_fins_and_replays_without_consuming(
     assert staging.batches() == [1, 2]
     assert staging.delete_through(1) == [1]
     assert staging.batches() == [2]
+    assert all(name.startswith("batch-2/") for name in staged_files(staging.location))
+    assert staging.delete_through(2) == [2]
+    assert staged_files(staging.location) == []  # every object of the committed batches is gone
+    assert staging.delete_through(2) == []  # nothing to delete is not an error
 
 
 def test_the_next_attempt_adopts_what_a_failed_attempt_staged(
@@ -344,6 +365,26 @@ def test_an_unwritable_staging_location_fails_naming_it(tmp_path: Path) -> None:
     assert not any((tmp_path / "ok").iterdir())  # the probe file is gone
 
 
+def test_a_missing_s3_bucket_fails_naming_the_location(s3_server: Any) -> None:
+    good = s3_server.location()
+    wrong = good.replace("s3://staging/", "s3://no-such-bucket/")
+    options = {
+        "nsqd_tcp_addresses": "127.0.0.1:4150",
+        "nsqd_http_addresses": "127.0.0.1:4151",
+        "topic": "t",
+        "channel": "c",
+        "parallelism": "2",
+    }
+    source = NsqDataSource({**options, "staging_location": wrong})
+    with pytest.raises(ConfigError, match=r"staging_location 's3://no-such-bucket/.*not writable"):
+        source.streamReader(source_struct())
+    ok = NsqDataSource({**options, "staging_location": good})
+    assert isinstance(ok.streamReader(source_struct()), NsqParallelStreamReader)
+    assert staged_files(good) == []  # the probe is gone
+    Staging(good).open_batch(7)  # and the listing the tests rely on sees what is written
+    assert staged_files(good) == ["batch-7/OPEN"]
+
+
 def _attempt(part: NsqPartition, options: Any, staging: Staging) -> tuple[str, list[bytes]]:
     """One attempt of a partition, as a task runs it: ("ok", rows) or ("superseded", rows)."""
     rows: list[bytes] = []
@@ -416,25 +457,28 @@ def test_an_attempt_that_stages_after_the_seal_requeues_and_fails(
     assert kept | set(left) == set(bodies)
 
 
+@STORAGES
 def test_an_attempt_that_outlives_its_batch_commit_fins_nothing(
-    nsqd: Any, nsq_topic: str, tmp_path: Path
+    storage: str, request: pytest.FixtureRequest, nsqd: Any, nsq_topic: str, tmp_path: Path
 ) -> None:
     """An attempt runs on after another one completed the partition and the batch was
     committed (its staging deleted, SEALED with it), as a losing speculative attempt may until
-    Spark stops it. On an object store its next chunk's write succeeds (the test makes the
-    folder again: a store has none to lose). That chunk is requeued, not FINed, and the attempt
-    fails without waiting for a MANIFEST: nothing is FINed outside the committed batch."""
+    Spark stops it. On an object store its next chunk's write succeeds (there is no folder to
+    have lost; locally the test makes the folder again). That chunk is requeued, not FINed, and
+    the attempt fails without waiting for a MANIFEST: nothing is FINed outside the committed
+    batch, and what it wrote is deleted again."""
     first = preload(nsqd.tcp_address, nsq_topic, 100, prefix="a")
+    location = _location(storage, request, tmp_path)
     options = _options(
         nsqd,
         nsq_topic,
-        tmp_path,
+        location,
         chunk_size=50,
         max_in_flight=50,
         drain_idle_timeout=20,
         partition_timeout=120,
     )
-    staging = _staging(tmp_path, 1)
+    staging = _staging(location, 1)
     reader = read_partition(NsqPartition(1, 0, 1000), options, staging, NAMES, yield_rows=1)
     read = 0
     while read < len(first):
@@ -446,7 +490,9 @@ def test_an_attempt_that_outlives_its_batch_commit_fins_nothing(
     stage.write_manifest(listed, [stage.chunk_rows(name) for name in listed], len(listed), {})
     assert committed == set(first)
     assert staging.delete_through(1) == [1]  # the batch is committed
-    Path(stage.dir).mkdir(parents=True)
+    assert staged_files(staging.location) == []
+    if storage == "local":
+        Path(stage.dir).mkdir(parents=True)
     second = preload(nsqd.tcp_address, nsq_topic, 100, prefix="b")
     started = time.monotonic()
     with pytest.raises(Superseded, match="batch committed"):
@@ -457,7 +503,7 @@ def test_an_attempt_that_outlives_its_batch_commit_fins_nothing(
     assert stats["requeue_count"] >= 1
     left = drain(nsqd.tcp_address, nsq_topic, CHANNEL, expect=stats["depth"], timeout=30)
     assert committed | set(left) == set(first + second)  # nothing FINed after the commit
-    assert staging.batches() == []  # and what it wrote after the commit is gone again
+    assert staged_files(staging.location) == []  # what it wrote after the commit is gone again
 
 
 def _read_one_chunk_and_close(

@@ -83,11 +83,3 @@ class S3Server:
             f"s3://{BUCKET}/{prefix}?endpoint_override=127.0.0.1:{self.port}"
             "&scheme=http&region=us-east-1"
         )
-
-    def files(self, location: str) -> list[str]:
-        """Every object (not folder marker) under ``location``, as paths relative to it."""
-        import pyarrow.fs as pafs
-
-        fs, base = pafs.FileSystem.from_uri(location)
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        return sorted(i.path[len(base) + 1 :] for i in infos if i.type == pafs.FileType.File)

@@ -289,6 +289,9 @@ class Producer:
 
     def _publish(self, data: bytes, timeout: Duration | None) -> str:
         """Send ``data`` (a whole command) with failover; the address of the nsqd that took it."""
+        # The deadline starts here: the first publish in a process also builds the pool
+        # (deciding the runtime, importing it), which must count against the timeout too.
+        start = time.monotonic()
         if timeout is None:
             seconds = self.config.publish_timeout
         else:
@@ -313,18 +316,15 @@ class Producer:
             slot = pool.slots[pool.current]
             conn = slot.conn
             if conn is not None and not conn.closed:
-                deadline = time.monotonic() + seconds
                 try:
                     answer = conn.request(data, seconds)
                     if answer == OK:
                         return slot.address
                     raise not_ok(answer)
                 except Exception as exc:
-                    attempts = Attempts(seconds, deadline)
+                    attempts = Attempts(seconds, start + seconds)
                     pool.attempt_failed(slot, conn, True, exc, attempts)
-            return pool.publish_with_failover(
-                data, attempts or Attempts(seconds, time.monotonic() + seconds)
-            )
+            return pool.publish_with_failover(data, attempts or Attempts(seconds, start + seconds))
         finally:
             active.pop()
 

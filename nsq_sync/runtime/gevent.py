@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,10 +55,56 @@ class GeventRuntime:
         gevent.sleep(seconds)
 
     def create_connection(self, address: tuple[str, int], timeout: float) -> Any:
-        return gevent.socket.create_connection(address, timeout=timeout)
+        """Dial ``address`` within ``timeout`` seconds, name resolution included.
+
+        ``gevent.socket.create_connection`` resolves every host, an IP literal too, on the
+        hub's thread pool, and its ``timeout`` covers only ``connect()``: a resolution that
+        waits for a worker thread (every worker busy, or a loaded machine) held a publish past
+        its deadline. An IP literal is dialled without the resolver; a host name's resolution
+        counts against ``timeout`` (socket.timeout when it runs out, as for a connect).
+        """
+        host, port = address
+        family = _ip_family(host)
+        if family is not None:
+            return _dial(family, (host, port), timeout)
+        deadline = time.monotonic() + timeout
+        with gevent.Timeout(timeout, socket.timeout(f"timed out resolving {host!r}")):
+            infos = gevent.socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        error: OSError = OSError(f"getaddrinfo returned nothing for {host!r}")
+        for family, _, _, _, sockaddr in infos:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout(f"timed out connecting to {host!r}")
+            try:
+                return _dial(family, sockaddr, remaining)
+            except OSError as exc:
+                error = exc
+        raise error
 
     def is_current(self, task: Any) -> bool:
         return isinstance(task, _Greenlet) and task.greenlet is gevent.getcurrent()
+
+
+def _ip_family(host: str) -> int | None:
+    """AF_INET or AF_INET6 when ``host`` is an IP literal, else None (a name to resolve)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except (OSError, ValueError):
+            continue
+        return family
+    return None
+
+
+def _dial(family: int, sockaddr: Any, timeout: float) -> Any:
+    sock = gevent.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _Greenlet:

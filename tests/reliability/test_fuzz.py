@@ -392,6 +392,20 @@ _ISOLATED = "NSQ_SYNC_TEST_ISOLATED"
 _RUN_GEVENT = Path(__file__).resolve().parents[1] / "run_gevent.py"
 
 
+def _in_a_fresh_gevent_process(test: str) -> None:
+    """Run ``test`` (a test of this module, with its parameters) in a new process under
+    gevent's monkey patching; fail with its output if it fails."""
+    done = subprocess.run(
+        [sys.executable, str(_RUN_GEVENT), "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         f"{__file__}::{test}"],
+        env={**os.environ, _ISOLATED: "1"},
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout.decode()[-3000:]
+
+
 @pytest.mark.parametrize("retry_unknown", [False, True])
 def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool) -> None:
     """With a single nsqd that keeps closing the connection after PUB, publish raises
@@ -405,16 +419,8 @@ def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool)
         # timeout, while alone it takes ~1.1 s (20 runs next to 3 busy processes). Something
         # an earlier test leaves running slows the hub (an open question): the timing is
         # checked in a fresh gevent process of its own.
-        node = f"{__file__}::{test_producer_reports_a_stream_closed_before_any_answer.__name__}"
-        done = subprocess.run(
-            [sys.executable, str(_RUN_GEVENT), "-q", "-p", "no:cacheprovider", "-p",
-             "no:randomly", f"{node}[{retry_unknown}]"],
-            env={**os.environ, _ISOLATED: "1"},
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout.decode()[-3000:]
+        node = test_producer_reports_a_stream_closed_before_any_answer.__name__
+        _in_a_fresh_gevent_process(f"{node}[{retry_unknown}]")
         return
     error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=retry_unknown)
     assert took < 2.5, _when(took, fake)
@@ -429,6 +435,38 @@ def test_producer_reports_a_stream_closed_before_any_answer(retry_unknown: bool)
     else:
         assert isinstance(error.reason, ConnectionClosed), error.reason
         assert len(fake.connections) == 1, "it resent a PUB whose outcome was unknown"
+
+
+def test_gevent_publish_deadline_covers_name_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gevent.socket.create_connection resolves every host (an IP literal too) on the hub's
+    thread pool, and its timeout covers only connect(): a resolution that waited for a worker
+    thread held a publish past its deadline (4.31 s for a 1 s timeout in CI). A resolver that
+    takes 3 s must cost nothing for an IP literal and at most the deadline for a name."""
+    if "gevent.monkey" not in sys.modules:  # the threads envs check the gevent runtime too
+        _in_a_fresh_gevent_process(test_gevent_publish_deadline_covers_name_resolution.__name__)
+        return
+    import gevent
+
+    def slow_getaddrinfo(*args: Any, **kwargs: Any) -> Any:
+        gevent.sleep(3.0)
+        raise OSError("the slow resolver gave up")
+
+    monkeypatch.setattr(gevent.get_hub().resolver, "getaddrinfo", slow_getaddrinfo)
+    error, took, fake = _publish_to_fake(b"", publish_timeout=1.0, retry_unknown=True)
+    assert took < 2.5, _when(took, fake)
+    assert len(fake.connections) >= 2, "an IP literal is dialled without the resolver"
+    with FakeNsqd(lambda i: None, mode="producer") as fake:
+        port = fake.address.rsplit(":", 1)[1]
+        producer = Producer(f"localhost:{port}", publish_timeout=0.5)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(PublishError) as info:
+                producer.publish("fuzz", b"payload")
+            took = time.monotonic() - t0
+        finally:
+            producer.close()
+    assert took < 1.5, f"publish took {took:.2f} s"
+    assert isinstance(info.value.reason, ConnectTimeout), info.value.reason
 
 
 def test_producer_times_out_on_an_nsqd_that_never_answers() -> None:

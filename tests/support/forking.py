@@ -13,10 +13,12 @@ that warning around their own forks, deliberately and nowhere else.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -95,6 +97,9 @@ class Child:
         if pid == 0:  # pragma: no cover - the child reports through the pipe and exit status
             code = 2
             try:
+                # A child stuck before it can report (its whole process blocked) prints where
+                # before the parent gives up on it: the test's captured stderr shows it.
+                faulthandler.dump_traceback_later(CHILD_TIMEOUT - 15)
                 for fd in Child._parent_fds | {report_r, go_w}:
                     os.close(fd)
                 data = json.dumps(work()).encode()
@@ -102,6 +107,7 @@ class Child:
                 while data:
                     data = data[os.write(report_w, data) :]
                 os.close(report_w)
+                faulthandler.cancel_dump_traceback_later()
                 # gevent: its fork watchers run at the child's first sleeps (gevent.hub.reinit's
                 # documented advice); a select() before them never sees the pipe's EOF
                 time.sleep(0.001)
@@ -187,10 +193,32 @@ def publish_from_threads(
     workers = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
     for w in workers:
         w.start()
+    # Half the parent's wait in all, so that a child with a hung thread still reports where
+    # the thread hangs before the parent gives up on it.
+    deadline = time.monotonic() + CHILD_TIMEOUT / 2
     for w in workers:
-        w.join(CHILD_TIMEOUT)
+        w.join(max(0.0, deadline - time.monotonic()))
     hung = sum(w.is_alive() for w in workers)
-    return {"pid": os.getpid(), "ok": ok, "errors": errors, "hung": hung}
+    result = {"pid": os.getpid(), "ok": ok, "errors": errors, "hung": hung}
+    if hung:
+        result["stacks"] = _stacks([w for w in workers if w.is_alive()])
+    return result
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    """Where ``threads`` are now: every greenlet's stack under gevent (its threads are
+    greenlets), else each thread's frames."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        from gevent.util import format_run_info
+
+        return "\n".join(format_run_info())
+    frames = sys._current_frames()
+    return "\n".join(
+        f"{t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+        for t in threads
+        if t.ident in frames
+    )
 
 
 def publishing_child(
@@ -250,7 +278,7 @@ def check_results(results: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     acked: list[str] = []
     errors: list[str] = []
     for result in results:
-        assert result["hung"] == 0, result
+        assert result["hung"] == 0, f"{result.pop('stacks', '')[-6000:]}\n{result}"
         bad = [e for e in result["errors"] if e.startswith("NOT AN NSQError")]
         assert not bad, bad
         acked += result["ok"]

@@ -223,7 +223,11 @@ class WebServer:
         response = requests.get(
             self.url + path, params=params, headers={"Connection": "close"}, timeout=30
         )
-        assert response.status_code == 200, f"{response.status_code}: {response.text[:500]}"
+        if response.status_code != 200:  # the server's log holds the traceback, not the page
+            raise AssertionError(
+                f"{response.status_code}: {response.text[:300]}\n"
+                f"server log (last 6000 characters):\n{self.log_text()[-6000:]}"
+            )
         result: dict[str, Any] = response.json()
         return result
 

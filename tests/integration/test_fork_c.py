@@ -11,13 +11,15 @@ first, and nothing else: nsq_sync's own state is left to nsq_sync.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
 import platform
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -68,12 +70,34 @@ def _raw_libc_fork() -> int:
     dll = getattr(ctypes, "PyDLL", None) or ctypes.CDLL
     libc = dll(None, use_errno=True)
     libc.fork.restype = ctypes.c_int
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_record_being_written():
         warnings.simplefilter("ignore", DeprecationWarning)  # see tests/support/forking.py
         pid = int(libc.fork())
     if pid < 0:
         raise OSError(ctypes.get_errno(), "fork() failed")
     return pid
+
+
+@contextlib.contextmanager
+def _no_record_being_written() -> Iterator[None]:
+    """Hold every logging handler's lock across the fork, as the logging module's own at-fork
+    hooks do for os.fork() and nothing does for a fork from C. Without it a parent's thread
+    caught writing a record (a Consumer logs "connected" just after wait_connected() returns)
+    leaves the child its handler's lock, or the stream's, held forever: the child blocks at its
+    first write to stderr, before it can report. That is a hazard of forking a process whose
+    threads log (uWSGI's advice for such apps is --lazy-apps), not what these tests check: the
+    handlers' locks are released in both processes after the fork."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
+    held: list[logging.Handler] = []
+    try:
+        for handler in handlers:
+            handler.acquire()
+            held.append(handler)
+        yield
+    finally:
+        for handler in reversed(held):
+            handler.release()
 
 
 def counting_pool(producer: Producer) -> list[int]:

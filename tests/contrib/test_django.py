@@ -328,7 +328,7 @@ def test_nsq_consume_writes_through_the_orm_and_exits_0_on_sigterm(
     code, err = sigterm_when(proc, done, "5 shipments in the database, 5 FINs at nsqd")
     assert code == 0, err
     assert _shipments(db) == [(o["order_id"], o["item"]) for o in orders]
-    assert_left_clean(_channel(nsqd, nsq_topic))
+    assert_left_clean(lambda: _channel(nsqd, nsq_topic))
 
 
 def test_nsq_consume_bad_handler_exits_2(tmp_path: Path, nsqd: NsqdProcess, nsq_topic: str) -> None:
@@ -437,7 +437,7 @@ def test_nsq_consume_batch_size_writes_batches_through_the_orm(
     assert _shipments(db) == [(o["order_id"], o["item"]) for o in orders]
     assert err.count("shipped a batch of 3 orders") == 2, err
     assert "shipped a batch of" not in err.replace("shipped a batch of 3 orders", ""), err
-    assert_left_clean(_channel(nsqd, nsq_topic))
+    assert_left_clean(lambda: _channel(nsqd, nsq_topic))
 
 
 def test_nsq_consume_batch_timeout_needs_batch_size(
@@ -476,7 +476,7 @@ def test_nsq_consume_dead_letter_topic_keeps_what_cannot_ship(
     assert code == 1, err  # a message was given up: cron alerts
     assert "1 dead-lettered" in err
     assert _shipments(db) == [(1, "x")]
-    assert_left_clean(_channel(nsqd, nsq_topic))
+    assert_left_clean(lambda: _channel(nsqd, nsq_topic))
     listing = dead_letter.list_messages(dead, nsqd_tcp_addresses=nsqd.tcp_address, idle_timeout=1.0)
     [record] = [entry.record for entry in listing.messages]
     assert record is not None and record.body == not_json

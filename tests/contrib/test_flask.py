@@ -176,7 +176,7 @@ def test_flask_consume_runs_handlers_in_an_app_context_and_exits_0_on_sigterm(
     # the handler finds ARCHIVE_FILE through current_app: it ran in an app context
     code, err = sigterm_when(proc, done, "5 archived bodies, 5 FINs at nsqd")
     assert code == 0, err
-    assert_left_clean(_channel(nsqd, nsq_topic))
+    assert_left_clean(lambda: _channel(nsqd, nsq_topic))
 
 
 def test_flask_consume_bad_handler_exits_2(
@@ -260,7 +260,7 @@ def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context
     batches = [line.split(b"\t") for line in _archived(archive)]
     assert [len(batch) for batch in batches] == [2, 2]
     assert sorted(body for batch in batches for body in batch) == bodies
-    assert_left_clean(_channel(nsqd, nsq_topic))
+    assert_left_clean(lambda: _channel(nsqd, nsq_topic))
 
 
 def test_flask_consume_batch_size_with_concurrency_is_a_usage_error(

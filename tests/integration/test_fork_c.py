@@ -34,7 +34,7 @@ from support.forking import (
     publishing_child,
     wait_for_connections,
 )
-from support.nsq import wait_for
+from support.nsq import settled_channel, wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
 from nsq_sync import _fork as fork_state
@@ -291,6 +291,6 @@ def test_c_fork_consumer_made_in_the_child_answers_while_the_parent_held_the_cla
     assert child.finish() == 0
     assert result == {"got": 10, "finished": 10, "reason": "max_messages"}, result
     with NsqdHTTPClient(server.http_address) as client:
-        topic = next(t for t in client.stats()["topics"] if t["topic_name"] == nsq_topic)
-    channel = next(c for c in topic["channels"] if c["channel_name"] == "c")
+        # nsqd reads the child's last FINs (then its close) a moment after the child exited
+        channel = settled_channel(client, nsq_topic, "c")
     assert (channel["depth"], channel["in_flight_count"]) == (0, 0), channel

@@ -497,7 +497,9 @@ def test_forked_child_reconnects(nsqd: NsqdProcess, nsq_topic: str) -> None:
         # The child dropped its copy of the parent's socket without shutting it down.
         producer.publish(nsq_topic, b"parent after fork")
         assert producer._slots[0].conn is parent_conn
-        [client] = _client_of(nsqd.http_address, nsq_topic)  # the child's connection is gone
+        # the child's connection is gone once nsqd has read its close
+        wait_for(lambda: len(_client_of(nsqd.http_address, nsq_topic)) == 1, "one connection")
+        [client] = _client_of(nsqd.http_address, nsq_topic)
         assert client["remote_address"] == parent_client["remote_address"]
         assert _pub_count(client, nsq_topic) == 2
     assert message_count(nsqd.http_address, nsq_topic) == 1 + child_count + 1

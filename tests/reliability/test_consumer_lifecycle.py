@@ -181,8 +181,14 @@ def test_stop_from_a_handler_under_load_loses_nothing(
     consumer.run()
     stopped_s = time.monotonic() - marks["stop"]
     first = tally.handled
-    stats = channel_stats(nsqd.http_url, nsq_topic)
-    assert stats["in_flight_count"] == 0 and stats["client_count"] == 0, stats
+
+    def settled() -> dict[str, Any] | None:
+        stats = channel_stats(nsqd.http_url, nsq_topic)
+        return stats if stats["in_flight_count"] == 0 and stats["client_count"] == 0 else None
+
+    # nsqd reads the last FINs/REQs (then the close) a moment after run() returned; a message
+    # left in flight would stay so for the whole --msg-timeout (60 s), far beyond this wait
+    stats = wait_for(settled, "0 in flight and no client on nsqd", timeout=10.0)
     assert stats["timeout_count"] == 0, stats
 
     second = consumers(

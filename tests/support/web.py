@@ -107,11 +107,18 @@ def sigterm_when(
             proc.communicate()
 
 
-def assert_left_clean(channel: dict[str, Any]) -> None:
-    """Nothing queued, in flight or requeued in ``channel``, and no client connected."""
+def assert_left_clean(read_channel: Callable[[], dict[str, Any]]) -> None:
+    """No client connected to the channel ``read_channel()`` reads (waited for: nsqd drops a
+    consumer that exited only once it has read its last FINs and the close), then nothing
+    queued, in flight or requeued in it."""
+
+    def without_clients() -> dict[str, Any] | None:
+        channel = read_channel()
+        return channel if channel.get("clients") == [] else None
+
+    channel = wait_for(without_clients, "the consumer's connection to leave nsqd", timeout=10.0)
     left = (channel["depth"], channel["in_flight_count"], channel["requeue_count"])
     assert left == (0, 0, 0), channel
-    assert channel["clients"] == [], "a consumer connection is still open"
 
 
 def channel_stats(http_address: str, topic: str, channel: str) -> dict[str, Any]:

@@ -202,8 +202,11 @@ def test_tail_that_cannot_see_the_topic_warns_before_subscribing(
     try:
 
         def tail_subscribed() -> bool:
+            # tail's channel with its client: nsqd lists a new channel before its topic pump
+            # copies messages to it, and the client only once that is done
             entry = http(nsqd).topic_stats(nsq_topic)
-            return bool(entry and any(c["channel_name"] != "other" for c in entry["channels"]))
+            channels = entry["channels"] if entry else []
+            return any(c["channel_name"] != "other" and c["clients"] for c in channels)
 
         wait_for(tail_subscribed, "tail to subscribe")
         http(nsqd).pub(nsq_topic, b"new")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from support.fault_proxy import FaultProxy
-from support.nsq import connected_addresses
+from support.nsq import connected_addresses, topic_depth
 
 from nsq_sync import Consumer, LookupdClient, NsqdHTTPClient, Producer
 from nsq_sync.errors import NSQError, ReadTimeout
@@ -270,6 +270,13 @@ def test_nsqd_killed_mid_consumption_loses_nothing_nsqd_kept(
     nsqd.restart()
     wait_for(
         lambda: connected_addresses(consumer) == [nsqd.tcp_address], "the consumer reconnected"
+    )
+    # nsqd's topic pump may still be moving the topic's backlog into the channel (an fsync per
+    # message): read what the channel holds once the topic holds nothing
+    wait_for(
+        lambda: topic_depth(nsqd.http_url, nsq_topic) == 0,
+        "the topic's backlog moved to the channel",
+        timeout=60.0,
     )
     kept = channel_stats(nsqd.http_url, nsq_topic)
     assert kept["in_flight_count"] == 0 and kept["deferred_count"] == 0, kept
@@ -527,6 +534,13 @@ def test_sigterm_under_load_drains_and_exits_zero(
     nsqd = nsqd_factory("--mem-queue-size=10000000")
     bodies = make_bodies(n)
     publish_http(nsqd.http_url, nsq_topic, bodies)
+    # nsqd's topic pump copies the backlog into the channel after the publishes were
+    # acknowledged; the progress below is read from the channel's depth
+    wait_for(
+        lambda: channel_stats(nsqd.http_url, nsq_topic)["depth"] == n,
+        "the backlog in the channel",
+        timeout=30.0,
+    )
     script = tmp_path / "consumer.py"
     script.write_text(CONSUMER_SCRIPT)
     handled_path = tmp_path / "handled.txt"

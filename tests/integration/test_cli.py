@@ -128,8 +128,10 @@ def test_pub_delay_defers_and_rate_paces(nsqd: NsqdProcess, nsq_topic: str) -> N
         copies a message into the channel a moment after the publish was acknowledged."""
 
         def counted() -> dict[str, Any] | None:
-            channel = settled_channel(http(nsqd), nsq_topic, "ch")
-            return channel if channel["depth"] + channel["deferred_count"] >= n else None
+            channel = http(nsqd).channel_stats(nsq_topic, "ch")
+            return (
+                channel if channel and channel["depth"] + channel["deferred_count"] >= n else None
+            )
 
         channel = wait_for(counted, f"{n} messages in the channel")
         return channel["depth"], channel["deferred_count"]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.nsq import connected_addresses
+from support.nsq import connected_addresses, settled_channel
 
 from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
 
@@ -23,7 +23,7 @@ from .helpers import (
     CHANNEL,
     Tally,
     channel_if_drained,
-    channel_stats,
+    http,
     make_bodies,
     publish_http,
     record_figures,
@@ -181,14 +181,10 @@ def test_stop_from_a_handler_under_load_loses_nothing(
     consumer.run()
     stopped_s = time.monotonic() - marks["stop"]
     first = tally.handled
-
-    def settled() -> dict[str, Any] | None:
-        stats = channel_stats(nsqd.http_url, nsq_topic)
-        return stats if stats["in_flight_count"] == 0 and stats["client_count"] == 0 else None
-
-    # nsqd reads the last FINs/REQs (then the close) a moment after run() returned; a message
-    # left in flight would stay so for the whole --msg-timeout (60 s), far beyond this wait
-    stats = wait_for(settled, "0 in flight and no client on nsqd", timeout=10.0)
+    # nsqd reads the last FINs/REQs (then the close) a moment after run() returned
+    with http(nsqd.http_url) as client:
+        stats = settled_channel(client, nsq_topic, CHANNEL)
+    assert stats["in_flight_count"] == 0 and stats["client_count"] == 0, stats
     assert stats["timeout_count"] == 0, stats
 
     second = consumers(

@@ -21,7 +21,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE / "_ext"))
 
 from nsq_sync import __version__  # noqa: E402
-
 project = "nsq_sync"
 author = "nsq_sync contributors"
 copyright = "nsq_sync contributors, MIT licence"

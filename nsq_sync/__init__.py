@@ -1,7 +1,6 @@
 """nsq_sync: a synchronous NSQ client for threads and gevent.
 
     from nsq_sync import Consumer, Producer, Message, Config, NsqdHTTPClient, LookupdClient
-
 Importing the package starts nothing: no threads, no monkey patching, no hostname lookups, no
 logging configuration (only a NullHandler on the ``nsq_sync`` logger), and no optional
 dependency (gevent, snappy, pyspark) is imported.
@@ -12,15 +11,15 @@ from __future__ import annotations
 import logging
 
 from nsq_sync._version import __version__
-from nsq_sync.batch import BatchConsumer
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer, ConsumerStats
+from nsq_sync.consumer.batch import BatchConsumer
+from nsq_sync.consumer.running import RunSummary
 from nsq_sync.errors import DeadLetter, NSQError, RequeueMessage
 from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.lookupd import LookupdClient
+from nsq_sync.http.lookupd import LookupdClient
 from nsq_sync.message import Message
 from nsq_sync.producer import Producer
-from nsq_sync.running import RunSummary
 
 __all__ = [
     "BatchConsumer",

@@ -11,7 +11,7 @@ a requeue or publish delay), so a bad one raises the same error wherever it is p
 Address lists (``nsqd_tcp_addresses``, ``lookupd_http_addresses``) are a list of strings or one
 string; a string holding several addresses separated by commas (``"h1:4150,h2:4150"``, as in an
 environment variable) is split at the commas (:func:`address_list`, which lives with the
-address parsers in :mod:`nsq_sync._addresses`).
+address parsers in :mod:`nsq_sync.addresses`).
 
 Objects copy the Config they are given (it is frozen), so nothing shares mutable configuration.
 """
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsq_sync._addresses import address_list
 from nsq_sync._version import __version__
+from nsq_sync.addresses import address_list
 from nsq_sync.durations import Duration, parse_duration, to_seconds
 from nsq_sync.errors import ConfigError
 from nsq_sync.protocol.constants import (

@@ -6,12 +6,12 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from nsq_sync import _fork
+from nsq_sync import process as _fork
 from nsq_sync.durations import to_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nsq_sync.connection import NsqdConnection
     from nsq_sync.protocol.events import RawMessage
+    from nsq_sync.wire.connection import NsqdConnection
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 class Responder(Protocol):
     """What a message answers through (a consumer's
-    :class:`~nsq_sync.responder.ConsumerResponder`). Implementations are thread-safe."""
+    :class:`~nsq_sync.consumer.responder.ConsumerResponder`). Implementations are thread-safe."""
 
     def finish(self, message: Message) -> None: ...
 

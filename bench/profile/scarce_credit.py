@@ -109,7 +109,7 @@ def gaps_run(scenario: str, runtime: str) -> dict[str, Any]:
 
 def idle_run(seconds: float, n: int, max_in_flight: int, runtime: str) -> dict[str, Any]:
     from nsq_sync import Consumer
-    from nsq_sync.connset import ConnectionSet
+    from nsq_sync.consumer.connections import ConnectionSet
 
     rdy_sent = [0]
     apply = ConnectionSet.apply

@@ -15,7 +15,6 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 from nsq_sync import Config
-
 log = logging.getLogger(__name__)
 
 

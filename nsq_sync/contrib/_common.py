@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync import _fork, metrics
-from nsq_sync._addresses import address_list, parse_address, parse_http_address
-from nsq_sync.batch import BatchConsumer
+from nsq_sync import metrics
+from nsq_sync import process as _fork
+from nsq_sync.addresses import address_list, parse_address, parse_http_address
 from nsq_sync.config import Config
 from nsq_sync.consumer import Consumer
+from nsq_sync.consumer.batch import BatchConsumer
 from nsq_sync.errors import ConfigError
 from nsq_sync.producer import Producer
 
@@ -248,7 +249,7 @@ def run_to_exit_status(
     consumer: Consumer | BatchConsumer, idle_timeout: float | None, max_messages: int | None
 ) -> int:
     """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; return the
-    exit status (:attr:`~nsq_sync.running.RunSummary.exit_status`): 0 after SIGTERM/SIGINT (a
+    exit status (:attr:`~nsq_sync.consumer.running.RunSummary.exit_status`): 0 after SIGTERM/SIGINT (a
     graceful stop is success), else 0 when nothing failed and 1 when handlers failed or gave
     up."""
     summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)

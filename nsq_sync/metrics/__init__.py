@@ -16,8 +16,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from nsq_sync import _observe
 from nsq_sync.errors import ConfigError
+from nsq_sync.metrics import observer as _observe
 
 __all__ = [
     "TraceEnvelope",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from nsq_sync._observe import Send
+from nsq_sync.metrics.observer import Send
 
 __all__ = ["OtelBackend", "Propagation"]
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from nsq_sync import _fork
+from nsq_sync import process as _fork
 
 __all__ = [
     "AutoRuntime",

@@ -14,7 +14,7 @@ import gevent.queue
 import gevent.socket
 import gevent.threading
 
-from nsq_sync import _fork
+from nsq_sync import process as _fork
 
 
 def _kill(greenlet: Any) -> None:
@@ -32,7 +32,7 @@ class GeventRuntime:
     def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Any:
         greenlet = gevent.spawn(fn, *args)
         greenlet.name = name
-        # fork() copies every greenlet into the child: ours are killed there (nsq_sync._fork)
+        # fork() copies every greenlet into the child: ours are killed there (nsq_sync.process)
         _fork.track(greenlet, _kill)
         return _Greenlet(greenlet)
 

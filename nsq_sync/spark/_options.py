@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync._addresses import address_list, parse_address, parse_http_address
+from nsq_sync.addresses import address_list, parse_address, parse_http_address
 from nsq_sync.config import Config
 from nsq_sync.durations import parse_duration
 from nsq_sync.errors import ConfigError

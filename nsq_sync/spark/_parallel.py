@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 
 from nsq_sync.errors import ConfigError, NSQError
 from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.lookupd import LookupdClient
+from nsq_sync.http.lookupd import LookupdClient
 from nsq_sync.spark._executor import freeze_worker_heap
 from nsq_sync.spark._options import SourceOptions
 from nsq_sync.spark._partition import NsqPartition, read_partition

@@ -4,7 +4,7 @@
 task retry after the rows were produced, a batch re-run after a driver restart, a second action
 on the same micro-batch), it replays the chunks listed there and consumes nothing. Otherwise it
 adopts the chunks a failed attempt staged (their messages were FINed: they exist only there),
-then consumes with a :class:`~nsq_sync.batch.BatchConsumer` of its own: each batch of up to
+then consumes with a :class:`~nsq_sync.consumer.batch.BatchConsumer` of its own: each batch of up to
 ``chunk_size`` messages is written to the staging location as one Arrow IPC chunk, and only
 when the chunk is complete does the batch consumer FIN its messages, on the connections that
 delivered them; each staged chunk goes to Spark at once (the consumer runs on a thread of its
@@ -34,7 +34,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync.batch import BatchConsumer
+from nsq_sync.consumer.batch import BatchConsumer
 from nsq_sync.message import Message
 from nsq_sync.spark._options import SourceOptions
 from nsq_sync.spark._staging import PartitionStage, Staging

@@ -23,10 +23,10 @@ from support.certs import Pki, make_pki
 from support.nsq import Collector, message_count, producer_clients, wait_for
 
 from nsq_sync import Config, NsqdHTTPClient, Producer
-from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import ConnectionClosed, NSQConnectionError, ServerBadMessage
 from nsq_sync.protocol import commands
 from nsq_sync.testing import NsqdProcess
+from nsq_sync.wire.connection import NsqdConnection
 
 pytestmark = pytest.mark.integration
 

@@ -597,7 +597,6 @@ RUN_SCRIPT = textwrap.dedent(
     import time
 
     from nsq_sync import Consumer
-
     address, topic, channel = sys.argv[1:4]
 
     def handler(message):

@@ -20,7 +20,7 @@ from support.nsq import bounded, prepare_channel, settled_channel, wait_for
 
 from nsq_sync import Consumer, DeadLetter, Message, NsqdHTTPClient
 from nsq_sync import dead_letter as dl
-from nsq_sync._envelope import encode
+from nsq_sync.consumer.envelope import encode
 from nsq_sync.testing import NsqdProcess
 
 pytestmark = [pytest.mark.integration]

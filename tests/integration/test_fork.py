@@ -501,7 +501,7 @@ def test_a_message_answer_in_progress_at_the_fork_does_not_block_the_child() -> 
         def touch(self, message: Message) -> None:
             self.calls.append("touch")
 
-    from nsq_sync import _fork as fork_state
+    from nsq_sync import process as fork_state
 
     fork_state.install()  # what a started Consumer or a Producer does
     with fork_state.claim_lock:  # the answering thread, caught at the fork

@@ -37,7 +37,7 @@ from support.forking import (
 from support.nsq import settled_channel, wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
-from nsq_sync import _fork as fork_state
+from nsq_sync import process as fork_state
 from nsq_sync.errors import Stopped
 from nsq_sync.testing import NsqdProcess
 

@@ -18,8 +18,7 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import os, sys, threading
-    from nsq_sync import _fork
-
+    from nsq_sync import process as _fork
     _fork.install()
     if sys.argv[1] == "pid":
         _fork._canary = None  # where MADV_WIPEONFORK is not available

@@ -12,7 +12,7 @@ import requests
 
 from nsq_sync.errors import LookupdError, Stopped
 from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.lookupd import LookupdClient, ProducerInfo
+from nsq_sync.http.lookupd import LookupdClient, ProducerInfo
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,6 @@ from support.nsq import (
 )
 
 from nsq_sync import Config, NsqdHTTPClient, Producer
-from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
     AuthError,
     ConfigError,
@@ -51,6 +50,7 @@ from nsq_sync.errors import (
     TLSError,
 )
 from nsq_sync.testing import NsqdProcess
+from nsq_sync.wire.connection import NsqdConnection
 
 pytestmark = pytest.mark.integration
 

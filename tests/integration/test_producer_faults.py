@@ -22,7 +22,6 @@ from support.fault_proxy import FaultProxy
 from support.nsq import Collector, message_count, read_bodies, wait_for
 
 from nsq_sync import Config, Producer
-from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import (
     ConnectionClosed,
     NSQConnectionError,
@@ -33,6 +32,7 @@ from nsq_sync.errors import (
 )
 from nsq_sync.protocol import commands
 from nsq_sync.testing import NsqdProcess
+from nsq_sync.wire.connection import NsqdConnection
 
 pytestmark = pytest.mark.integration
 

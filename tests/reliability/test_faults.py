@@ -500,7 +500,6 @@ CONSUMER_SCRIPT = textwrap.dedent(
     import threading
 
     from nsq_sync import Consumer
-
     address, topic, channel, out_path = sys.argv[1:5]
     out = open(out_path, "wb")
     lock = threading.Lock()

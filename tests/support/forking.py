@@ -7,7 +7,7 @@ waits for the parent's go before it cleans up and exits, so the parent can look 
 
 Python 3.12+ warns (DeprecationWarning) when a process with threads forks, because locks held by
 other threads are copied locked into the child. The Producer never uses such a lock in the child
-(nsq_sync._fork builds the child's state under a lock made in the child), so the helpers silence
+(nsq_sync.process builds the child's state under a lock made in the child), so the helpers silence
 that warning around their own forks, deliberately and nowhere else.
 """
 

@@ -13,11 +13,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from nsq_sync.connection import NsqdConnection
 from nsq_sync.errors import ServerError
 from nsq_sync.http import NsqdHTTPClient
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import MessageFrame, RawMessage
+from nsq_sync.wire.connection import NsqdConnection
 
 __all__ = [
     "Abort",

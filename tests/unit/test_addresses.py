@@ -1,4 +1,4 @@
-"""The one host:port parser (nsq_sync._addresses): TCP and HTTP addresses follow one IPv6 rule
+"""The one host:port parser (nsq_sync.addresses): TCP and HTTP addresses follow one IPv6 rule
 (brackets, ``[::1]:4150``), and every bad address is a ConfigError naming it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nsq_sync import Config, Producer
-from nsq_sync._addresses import (
+from nsq_sync.addresses import (
     address_list,
     join_host_port,
     parse_address,

@@ -42,7 +42,7 @@ def test_the_open_batch_is_timed_from_its_own_first_message(
     consumer = BatchConsumer(
         "t", "c", lambda batch: None, batch_size=batch_size, nsqd_tcp_addresses=["127.0.0.1:1"]
     )
-    with mock.patch("nsq_sync.batch.time", SimpleNamespace(monotonic=clock.monotonic)):
+    with mock.patch("nsq_sync.consumer.batch.time", SimpleNamespace(monotonic=clock.monotonic)):
         arrived: list[float] = []  # the model: each open message's arrival, in order
         sent = 0
         for step in steps:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nsq_sync._cli_output import writer
+from nsq_sync.cli.output import writer
 
 
 class FlakyDisk(io.RawIOBase):

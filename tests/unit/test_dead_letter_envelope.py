@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nsq_sync import DeadLetter
-from nsq_sync._dead_letterer import check_topic
-from nsq_sync._envelope import ERROR_MESSAGE_MAX, encode, error_of
+from nsq_sync.consumer.dead_letters import check_topic
+from nsq_sync.consumer.envelope import ERROR_MESSAGE_MAX, encode, error_of
 from nsq_sync.dead_letter import parse
 from nsq_sync.errors import ConfigError, InvalidEnvelope, InvalidName
 from nsq_sync.message import Message

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support.fakes import FakeClock, FakeRuntime
 
-from nsq_sync.discovery import Discovery
+from nsq_sync.consumer.discovery import Discovery
 
 
 class Lookupds:

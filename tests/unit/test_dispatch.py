@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from support.nsq import wait_for
 
-from nsq_sync.dispatch import FIN_BATCH, WorkerPool
+from nsq_sync.consumer.flusher import Flusher
+from nsq_sync.consumer.workers import FIN_BATCH, WorkerPool
 from nsq_sync.errors import DeadLetter, RequeueMessage
-from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.runtime import resolve_runtime
 

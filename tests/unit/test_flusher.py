@@ -12,8 +12,8 @@ from collections import deque
 import pytest
 from support.fakes import FakeEvent, FakeRuntime
 
+from nsq_sync.consumer.flusher import Flusher
 from nsq_sync.errors import ConnectionClosed
-from nsq_sync.flusher import Flusher
 
 
 class Conn:

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from nsq_sync._addresses import parse_http_address
-from nsq_sync._http_base import unwrap_envelope
+from nsq_sync.addresses import parse_http_address
 from nsq_sync.errors import (
     ConfigError,
     HTTPAPIError,
@@ -27,7 +26,8 @@ from nsq_sync.errors import (
     Stopped,
 )
 from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.lookupd import LookupdClient, ProducerInfo, parse_producers
+from nsq_sync.http.base import unwrap_envelope
+from nsq_sync.http.lookupd import LookupdClient, ProducerInfo, parse_producers
 
 # ------------------------------------------------------------------------------ addresses
 

@@ -117,7 +117,7 @@ def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
         "def f():\n"
         "    import gevent\n"
         "    import snappy\n"
-        "    from nsq_sync.transport import Transport\n",
+        "    from nsq_sync.wire.transport import Transport\n",
         encoding="utf-8",
     )
     rejected = [module for _, module, lazy in _imports(sample) if not _allowed(module, lazy)]
@@ -127,7 +127,7 @@ def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
         "snappy",
         "nsq_sync.connection",
         "gevent",
-        "nsq_sync.transport",
+        "nsq_sync.wire.transport",
     ]
 
 

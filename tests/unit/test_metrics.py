@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from nsq_sync import _observe, metrics
+from nsq_sync import metrics
 from nsq_sync.errors import ConfigError, RequeueMessage
+from nsq_sync.metrics import observer as _observe
 
 from .test_responder import Setup
 

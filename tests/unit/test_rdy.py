@@ -25,7 +25,7 @@ from support.fakes import FakeClock
 from support.properties import examples
 
 from nsq_sync.backoff import ExponentialBackoff, FullJitterBackoff
-from nsq_sync.rdy import STARVED_RATIO, RDYManager
+from nsq_sync.credit.manager import STARVED_RATIO, RDYManager
 
 
 class Wire:

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.properties import examples
 
-from nsq_sync.rdy import RDYManager
+from nsq_sync.credit.manager import RDYManager
 
 
 @dataclass

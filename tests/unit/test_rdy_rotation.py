@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from support.properties import examples
 
 from nsq_sync.backoff import ExponentialBackoff
-from nsq_sync.rdy import RDYManager
+from nsq_sync.credit.manager import RDYManager
 
 IDLE_TIMEOUT = 10.0  # low_rdy_idle_timeout: the slow probe's period
 INTERVAL = 5.0  # rdy_redistribute_interval

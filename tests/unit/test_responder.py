@@ -13,13 +13,13 @@ import logging
 
 from nsq_sync.backoff import ExponentialBackoff
 from nsq_sync.config import Config
-from nsq_sync.connset import ConnectionSet
+from nsq_sync.consumer.connections import ConnectionSet
+from nsq_sync.consumer.flusher import Flusher
+from nsq_sync.consumer.responder import ConsumerResponder
+from nsq_sync.credit.manager import RDYManager
 from nsq_sync.errors import ServerError, error_from_frame
-from nsq_sync.flusher import Flusher
 from nsq_sync.message import Message
 from nsq_sync.protocol.events import MessageFrame
-from nsq_sync.rdy import RDYManager
-from nsq_sync.responder import ConsumerResponder
 from nsq_sync.runtime import resolve_runtime
 
 LOG = logging.getLogger("test.responder")

@@ -17,7 +17,8 @@ from urllib.parse import parse_qs
 
 from uwsgidecorators import postfork
 
-from nsq_sync import NsqdHTTPClient, Producer, _fork
+from nsq_sync import NsqdHTTPClient, Producer
+from nsq_sync import process as _fork
 
 TOPIC = os.environ["NSQ_TOPIC"]
 producer = Producer(os.environ["NSQD_TCP_ADDRESS"], publish_timeout=10.0)

@@ -1,0 +1,190 @@
+"""``nsq-sync dead-letter list|replay`` and the ``--dead-letter-topic`` flag of tail and drain.
+
+    nsq-sync dead-letter list TOPIC    [--limit N] [--idle-timeout S]
+    nsq-sync dead-letter replay TOPIC  [--to TOPIC] [--max-messages N] [--where TEXT]
+                                       [--idle-timeout S] [--max-in-flight N]
+
+Both read the durable ``dead-letter`` channel of the dead-letter topic with ``max_attempts`` 0
+and put back what they do not replay (see :mod:`nsq_sync.dead_letter`). The table goes to
+stdout; the summary to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nsq_sync import dead_letter
+from nsq_sync.cli.servers import check_sources
+from nsq_sync.config import Config
+from nsq_sync.protocol.names import validate_topic
+
+__all__ = ["add_dead_letter_command", "add_dead_letter_flags", "dead_letter_options"]
+
+COLUMNS = ("ID", "AGE", "ATTEMPTS", "FROM", "ERROR", "PREVIEW")
+PREVIEW = 40
+ERROR_WIDTH = 60
+
+
+def add_dead_letter_flags(parser: argparse.ArgumentParser, positive_int: Any) -> None:
+    """``--dead-letter-topic`` and ``--max-attempts`` (tail and drain)."""
+    parser.add_argument(
+        "--dead-letter-topic",
+        metavar="TOPIC",
+        type=validate_topic,
+        help="give a message up after --max-attempts deliveries and publish it to TOPIC "
+        "instead of writing it (without it, nothing is ever given up)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        metavar="N",
+        help=f"deliveries before a message is dead-lettered (default {Config().max_attempts}; "
+        "needs --dead-letter-topic)",
+    )
+
+
+def dead_letter_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Consumer options of tail/drain's dead-letter flags (none without a topic).
+
+    Raises:
+        ValueError (a UsageError from the caller's module): ``--max-attempts`` alone.
+    """
+    if args.dead_letter_topic is None:
+        if args.max_attempts is not None:
+            raise ValueError("--max-attempts needs --dead-letter-topic (else nothing is given up)")
+        return {}
+    attempts = Config().max_attempts if args.max_attempts is None else args.max_attempts
+    return {"dead_letter_topic": args.dead_letter_topic, "max_attempts": attempts}
+
+
+def add_dead_letter_command(
+    commands: Any,
+    add_common: Callable[[argparse.ArgumentParser, str], None],
+    positive_int: Any,
+    positive_float: Any,
+) -> None:
+    """Register ``dead-letter list`` and ``dead-letter replay`` under ``commands``."""
+    group = commands.add_parser(
+        "dead-letter",
+        help="list or replay the messages of a dead-letter topic",
+        description="List or replay the messages of a dead-letter topic (its 'dead-letter' "
+        "channel).",
+    )
+    actions = group.add_subparsers(dest="dead_letter_command", metavar="ACTION")
+    actions.required = True
+
+    def action(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        """An ACTION: it reads a dead-letter TOPIC from the servers of the common options."""
+        parser: argparse.ArgumentParser = actions.add_parser(
+            name, help=help, description=description
+        )
+        add_common(parser, "sub_")
+        parser.add_argument("topic", metavar="TOPIC")
+        return parser
+
+    listing = action(
+        "list",
+        help="a table of the messages (each put back as it was)",
+        description="Print a table of the messages of a dead-letter topic: id, age, attempts, "
+        "origin, error, body preview. Each message is put back as it was.",
+    )
+    listing.add_argument("--limit", type=positive_int, default=1000, metavar="N")
+    listing.add_argument("--idle-timeout", type=positive_float, default=2.0, metavar="S")
+    listing.set_defaults(func=cmd_list)
+
+    replay = action(
+        "replay",
+        help="republish the original bodies, then remove them from the dead-letter topic",
+        description="Republish each original body to its original topic (or --to) and finish "
+        "the dead-letter message once nsqd acknowledged the republish.",
+    )
+    replay.add_argument("--to", metavar="TOPIC", help="republish everything to this topic")
+    replay.add_argument("--max-messages", type=positive_int, metavar="N")
+    replay.add_argument("--where", metavar="TEXT", help="only messages whose error contains TEXT")
+    replay.add_argument("--idle-timeout", type=positive_float, default=2.0, metavar="S")
+    replay.add_argument("--max-in-flight", type=positive_int, default=100, metavar="N")
+    replay.set_defaults(func=cmd_replay)
+
+
+def _servers(args: argparse.Namespace) -> dict[str, Any]:
+    check_sources(args)
+    return {
+        "nsqd_tcp_addresses": args.nsqd_tcp_addresses,
+        "lookupd_http_addresses": args.lookupd_http_addresses,
+        "runtime": "threads",
+    }
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _printable(text: str, width: int) -> str:
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _row(entry: dead_letter.Listed, now: float) -> list[str]:
+    record = entry.record
+    if record is None:
+        preview = _printable(entry.body.decode("utf-8", "replace"), PREVIEW)
+        return [entry.message_id, "-", "-", "-", "(not a dead-letter envelope)", preview]
+    return [
+        record.id,
+        _age(now - record.dead_lettered_at),
+        str(record.attempts),
+        f"{record.topic}/{record.channel}",
+        _printable(record.error or "-", ERROR_WIDTH),
+        _printable(record.body.decode("utf-8", "replace"), PREVIEW),
+    ]
+
+
+def _table(rows: list[list[str]]) -> str:
+    everything = [list(COLUMNS), *rows]
+    widths = [max(len(r[i]) for r in everything) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in everything]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    topic = validate_topic(args.topic)
+    listing = dead_letter.list_messages(
+        topic, limit=args.limit, idle_timeout=args.idle_timeout, **_servers(args)
+    )
+    now = time.time()
+    sys.stdout.write(_table([_row(entry, now) for entry in listing.messages]))
+    sys.stdout.flush()
+    more = "" if listing.complete else f" (the first {args.limit}: there may be more)"
+    print(f"{len(listing.messages)} message(s) in {topic}{more}", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    topic = validate_topic(args.topic)
+    summary = dead_letter.replay(
+        topic,
+        to=args.to,
+        max_messages=args.max_messages,
+        where=args.where,
+        idle_timeout=args.idle_timeout,
+        max_in_flight=args.max_in_flight,
+        **_servers(args),
+    )
+    print(
+        f"replayed {summary.replayed} message(s) from {topic} in {summary.elapsed:.1f} s "
+        f"(ended: {summary.reason}); left in place: {summary.skipped} not matching --where, "
+        f"{summary.invalid} not envelopes; {summary.failed} failed republish(es)",
+        file=sys.stderr,
+    )
+    return 0 if summary.ok else 1

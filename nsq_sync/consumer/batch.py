@@ -1,0 +1,440 @@
+"""BatchConsumer: handle messages in batches, on top of the Consumer's machinery.
+
+The consumer's one worker hands what it takes from the dispatch queue to
+:meth:`BatchConsumer._collect_many`, a list per wake-up: each message checked as a handler's would
+be (``WorkerPool._screen``) and marked async (the pool neither finishes nor requeues it); they join
+the open batch. One batch task
+closes the open batch and calls ``handle_batch(messages)`` when the batch holds ``batch_size``
+messages, ``batch_timeout`` seconds after its first message, or as soon as no more credit can
+fill it: every nsqd's RDY is used up by messages in flight and all of them are in the batch
+machinery (nothing received is still on its way), as after a backoff step's RDY 0, a pause or a
+stop. Then:
+
+* ``handle_batch`` returns → the messages it did not answer itself are finished, one write per
+  connection (the consumer's batched FIN path);
+* it raises → the error is logged and the messages it did not answer are requeued with the
+  consumer's delay policy, and backoff counts one failure (backoff takes one result per window);
+  a message on its last attempt (``max_attempts``) goes to the give-up handler instead, and
+  every message it left unanswered does when it raised :class:`~nsq_sync.errors.DeadLetter`
+  (with ``dead_letter_topic``: to the dead-letter topic first, see ``WorkerPool.give_up``).
+
+``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
+batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
+handler runs). During ``run(max_messages=)`` the credit never exceeds the deliveries left, so the
+last batch holds what is left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nsq_sync.config import Config
+from nsq_sync.consumer.consumer import Consumer
+from nsq_sync.consumer.parts import ConsumerParts, PartsUser
+from nsq_sync.consumer.running import RunSummary, positive_int, positive_seconds, run_to_end
+from nsq_sync.consumer.stats import ConsumerStats
+from nsq_sync.consumer.workers import GiveUpHandler, ends_task
+from nsq_sync.errors import ConfigError
+from nsq_sync.message import Message, claim_all
+from nsq_sync.metrics.observer import ConsumerObserver
+from nsq_sync.runtime import Runtime
+
+__all__ = ["BatchConsumer", "BatchHandler"]
+
+BatchHandler = Callable[[list[Message]], Any]
+
+#: longest gap between two looks at the consumer's credit while a batch is open, in seconds
+POLL = 0.01
+
+
+class BatchConsumer:
+    """Consumes ``topic``/``channel`` and calls ``handle_batch(list_of_messages)``, one batch at
+    a time.
+
+    Args:
+        topic, channel: what to subscribe to.
+        handle_batch: called with a list of 1 to ``batch_size`` messages on the batch task.
+            Returning finishes every message it did not answer itself; raising requeues them
+            (with backoff).
+        batch_size: most messages in a batch.
+        batch_timeout: seconds (float or timedelta) a batch stays open after its first message.
+        giving_up, config, nsqd_tcp_addresses, lookupd_http_addresses, runtime and any Config
+            option, dead_letter_topic: as for :class:`~nsq_sync.consumer.Consumer`
+            (``handle_batch`` raising :class:`~nsq_sync.errors.DeadLetter` gives up every
+            message of the batch it did not answer). ``max_in_flight`` defaults to
+            ``batch_size`` (or the config's value when larger).
+
+    Raises:
+        ConfigError: a bad batch_size or batch_timeout, ``max_in_flight`` below ``batch_size``,
+            ``concurrency`` (batches are handled one at a time), or anything Consumer rejects.
+        InvalidName: a bad topic or channel name.
+
+    Thread-safety: every public method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handle_batch: BatchHandler,
+        batch_size: int = 100,
+        batch_timeout: Any = 1.0,
+        *,
+        giving_up: GiveUpHandler | None = None,
+        config: Config | None = None,
+        **options: Any,
+    ) -> None:
+        if not callable(handle_batch):
+            raise ConfigError(f"handle_batch must be callable, got {handle_batch!r}")
+        size = positive_int("batch_size", batch_size)
+        timeout = positive_seconds("batch_timeout", batch_timeout)
+        if size is None or timeout is None:
+            raise ConfigError("batch_size and batch_timeout may not be None")
+        batch_size = size
+        if "concurrency" in options:
+            raise ConfigError("BatchConsumer handles one batch at a time: no concurrency option")
+        if "max_in_flight" in options:
+            max_in_flight = options.pop("max_in_flight")
+            if isinstance(max_in_flight, int) and max_in_flight < batch_size:
+                raise ConfigError(
+                    f"max_in_flight ({max_in_flight}) must be at least batch_size "
+                    f"({batch_size}): a batch would wait for credit it cannot get"
+                )
+        else:
+            max_in_flight = max(batch_size, config.max_in_flight if config else 1)
+        self.handle_batch = handle_batch
+        #: handle_batch, timed and traced while metrics are on (nsq_sync.metrics)
+        self._batch_handler: Callable[[list[Message]], Any] = handle_batch
+        self.batch_size = batch_size
+        self.batch_timeout = timeout
+        self._parts: ConsumerParts | None = None  # the consumer's machinery (see _attach)
+        self._consumer = Consumer(
+            topic,
+            channel,
+            _Collector(self),
+            concurrency=1,
+            giving_up=giving_up,
+            config=config,
+            max_in_flight=max_in_flight,
+            **options,
+        )
+        self.topic = self._consumer.topic
+        self.channel = self._consumer.channel
+        self.config = self._consumer.config
+        self.log = self._consumer.log
+        self._open: list[Message] = []  # collected, not yet handed to handle_batch
+        # when _open[k * batch_size] arrived, for each k: when each batch still to be taken began
+        self._arrived: list[float] = []
+        self._busy = 0  # messages in the batch handle_batch is running on
+        self._closing = False  # the consumer stopped: leave once the open batch is handled
+        self._stopping = False  # stop() began
+        self._stop_spawned = False
+        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a batch
+        self._task: Any = None
+
+    def _attach(self, parts: ConsumerParts) -> None:
+        """The consumer built its parts (at construction; again at start() when
+        ``runtime="auto"`` picked another runtime): batch on them."""
+        self._parts = parts
+        self._lock = parts.runtime.lock()
+        self._wake = parts.runtime.event()
+        parts.pool.collect = self._collect_many  # the worker hands over lists, not messages
+
+    @property
+    def _machinery(self) -> ConsumerParts:
+        parts = self._parts
+        assert parts is not None  # attached in Consumer.__init__
+        return parts
+
+    @property
+    def runtime(self) -> Runtime:
+        """As :attr:`Consumer.runtime <nsq_sync.consumer.Consumer.runtime>`: with
+        ``runtime="auto"`` decided at :meth:`start`."""
+        return self._consumer.runtime
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the batch task and the consumer; returns at once.
+
+        Raises:
+            Stopped: the consumer was stopped (consumers are not restartable).
+        """
+        self._consumer.start()  # decides the runtime (the parts are attached again if it changed)
+        if self._task is None:
+            # the task waits until it is known as the batch task and as one of the pool's tasks:
+            # messages may already be arriving, and a handle_batch that calls stop() must be
+            # recognised as running on it (else stop() would try to join its own task)
+            known = self.runtime.event()
+            self._task = self.runtime.spawn(
+                self._batches_once_known,
+                known,
+                name=f"nsq_sync-batches-{self.topic}/{self.channel}",
+            )
+            # one of the pool's tasks: the consumer's stop joins it (after the last message
+            # in flight was answered) before it closes the connections, so the batch task's
+            # last FINs and REQs are written, not cut off
+            self._machinery.pool.add_task(self._task)
+            known.set()
+
+    def run(
+        self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
+    ) -> RunSummary:
+        """As :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`; ``max_messages`` counts
+        messages put in batches, and ``handled`` in the summary too.
+
+        Raises:
+            SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
+                and the consumer stopped gracefully first.
+        """
+        return run_to_end(
+            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
+        )
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
+        then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`.
+
+        Called from ``handle_batch``, stop() cannot wait for that batch: it starts the stop on
+        a task of its own and returns False at once; the batch is answered as usual when
+        ``handle_batch`` returns.
+
+        Returns:
+            True when everything in flight was answered before the deadline.
+        """
+        if self._task is not None and self.runtime.is_current(self._task):
+            with self._lock:
+                spawn = not self._stop_spawned
+                self._stop_spawned = True
+            if spawn:
+                self.runtime.spawn(
+                    self.stop, timeout, name=f"nsq_sync-stop-{self.topic}/{self.channel}"
+                )
+            return False
+        deadline = time.monotonic() + timeout
+        self._stopping = True  # the batch task leaves once nothing is in flight
+        self._wake.set()
+        clean = self._consumer.stop(timeout)
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.join(max(0.1, deadline - time.monotonic()))
+        return clean
+
+    def __enter__(self) -> BatchConsumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> ConsumerStats:
+        """As :meth:`Consumer.stats <nsq_sync.consumer.Consumer.stats>`; ``failed`` counts every
+        message of a batch whose handler raised."""
+        return self._consumer.stats()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """As :meth:`Consumer.wait_connected <nsq_sync.consumer.Consumer.wait_connected>`."""
+        return self._consumer.wait_connected(timeout)
+
+    # ------------------------------------------------------------------ what run() needs
+
+    # (nsq_sync.consumer.running.Runnable: the docstrings are there) the consumer's, and the fatal
+    # error handle_batch raised
+
+    def _check_process(self) -> None:
+        self._consumer._check_process()
+
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        self._consumer._set_admit(admit)
+
+    def _set_budget(self, deliveries: int) -> None:
+        self._consumer._set_budget(deliveries)
+
+    def _pause(self) -> None:
+        self._consumer._pause()
+
+    def _credit(self) -> tuple[int, int, int]:
+        return self._consumer._credit()
+
+    def _nothing_to_consume(self) -> bool:
+        return self._consumer._nothing_to_consume()
+
+    def _end_run(self) -> None:
+        self._consumer._end_run()
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        return self._consumer._wait_stopping(timeout)
+
+    def _fatal_error(self) -> BaseException | None:
+        fatal = self._consumer._fatal_error()
+        return self._fatal if fatal is None else fatal
+
+    # ------------------------------------------------------------------ batching
+
+    def _collect_many(self, messages: list[Message]) -> None:
+        """The consumer's one worker hands over what it took (checked, marked async): add
+        ``messages`` to the open batch, in order."""
+        size = self.batch_size
+        opened = self._open
+        arrived = self._arrived
+        with self._lock:
+            before = len(opened)
+            after = before + len(messages)
+            # Batches are taken from the front, batch_size at a time (or all that is open), so
+            # only every batch_size-th message can begin one: only its arrival time is kept.
+            begins = -(-before // size) * size  # the first such position from ``before`` on
+            starts = (after - 1 - begins) // size + 1 if begins < after else 0
+            times = [time.monotonic()] * starts if starts else []
+            opened.extend(messages)  # the two lists change together, nothing between them
+            arrived.extend(times)
+            # the batch task looks again after each batch it handles: wake it when the open
+            # batch begins or fills
+            wake = before == 0 or before < size <= after
+        if wake:
+            self._wake.set()
+
+    def _cannot_grow(self, in_batches: int) -> bool:
+        """True when no more messages can join the open batch: no credit left, and every message
+        in flight is in the batches (none is still on its way to ``_collect_many``)."""
+        credit_left, in_flight, _ = self._machinery.connections.credit()
+        return credit_left == 0 and in_flight <= in_batches
+
+    def _batches_once_known(self, known: Any) -> None:
+        known.wait()
+        self._batches()
+
+    def _batches(self) -> None:
+        while True:
+            batch: list[Message] = []
+            wait: float | None = None
+            with self._lock:
+                count = len(self._open)
+                in_batches = count + self._busy
+                if count == 0:
+                    if self._closing:
+                        return
+                else:
+                    wait = self._arrived[0] + self.batch_timeout - time.monotonic()
+                    if count >= self.batch_size or wait <= 0 or self._closing:
+                        batch = self._take()
+            if count == 0 and self._stopping:
+                # leave once nothing can reach _collect_many any more: the consumer is stopping (it
+                # requeues whatever arrives now) and nothing it received is still in flight
+                connections = self._machinery.connections
+                if connections.stopping and connections.in_flight() == 0:
+                    return
+                wait = POLL
+            if not batch and count and self._cannot_grow(in_batches):
+                with self._lock:
+                    batch = self._take()
+            if batch:
+                try:
+                    self._handle(batch)
+                except Exception:  # never let the batch task die silently
+                    self.log.exception("handling a batch of %d message(s) failed", len(batch))
+                continue
+            self._wake.wait(None if wait is None else min(POLL, wait))
+            self._wake.clear()
+
+    def _take(self) -> list[Message]:
+        """The oldest ``batch_size`` messages of the open batch (caller holds ``_lock``)."""
+        batch = self._open[: self.batch_size]
+        del self._open[: self.batch_size]
+        del self._arrived[:1]  # the next batch (if any) begins at the next batch_size-th
+        self._busy = len(batch)
+        return batch
+
+    def _handle(self, batch: list[Message]) -> None:
+        pool = self._machinery.pool
+        live = []
+        for message in batch:
+            if message._responded:  # requeued when handing it to the batch failed
+                continue
+            if pool.is_stale(message):
+                # nsqd redelivers it; it took a place of a run (admitted into the batch)
+                self._machinery.connections.skipped(message, admitted=True)
+            else:
+                live.append(message)
+        try:
+            if live:
+                self._run_handler(live)
+        finally:
+            with self._lock:
+                self._busy = 0
+
+    def _run_handler(self, batch: list[Message]) -> None:
+        try:
+            self._batch_handler(batch)
+        except BaseException as exc:
+            if ends_task(exc):
+                self._ended(batch, exc)
+                return
+            # anything else (an Exception, a gevent.Timeout, ...) fails this batch only
+            try:
+                self._failed(batch, exc)
+            except BaseException as exc2:  # give_up lets out only what ends the task
+                self._ended(batch, exc2)
+            return
+        # claimed here (the first answer wins), then finished with one write per connection
+        to_finish = claim_all(batch)
+        if to_finish:
+            self._machinery.responder.finish_many(to_finish)
+
+    def _failed(self, batch: list[Message], error: BaseException) -> None:
+        """The batch handler failed: requeue what it left unanswered (give up on messages at
+        max_attempts, and on all of them after DeadLetter), logged."""
+        parts = self._machinery
+        unanswered = [m for m in batch if not m.has_responded]
+        self.log.exception(
+            "batch handler failed on %d message(s); requeueing %d",
+            len(batch),
+            len(unanswered),
+        )
+        parts.connections.count("failed", len(batch))
+        for message in unanswered:
+            parts.pool.requeue_or_give_up(message, error)
+
+    def _ended(self, batch: list[Message], exc: BaseException) -> None:
+        """SystemExit or KeyboardInterrupt (the consumer stops gracefully; run() re-raises it)
+        or GreenletExit (re-raised: the task ends) from the batch's handlers: nothing may stay
+        in flight."""
+        fatal = isinstance(exc, (SystemExit, KeyboardInterrupt))
+        if fatal:
+            self._pause()  # first, or nsqd hands the batch straight back
+        for message in batch:
+            if not message.has_responded:
+                message.requeue(0.0, backoff=False)
+        if not fatal:
+            raise exc
+        # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
+        self.log.error("batch handler raised %r; stopping the consumer", exc)
+        if self._fatal is None:
+            self._fatal = exc
+        self.stop()
+
+
+class _Collector(PartsUser):
+    """The handler BatchConsumer gives its Consumer (a :class:`~nsq_sync.consumer.PartsUser`):
+    each message goes to the open batch, and the consumer's parts to the BatchConsumer."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: BatchConsumer) -> None:
+        self._owner = owner
+
+    def __call__(self, message: Message) -> None:
+        # not called while the pool's collect is set (attach sets it): kept correct anyway
+        message._async = True
+        self._owner._collect_many([message])
+
+    def attach(self, parts: ConsumerParts) -> None:
+        self._owner._attach(parts)
+
+    def observe(self, observer: ConsumerObserver | None) -> None:
+        owner = self._owner
+        handler = owner.handle_batch
+        owner._batch_handler = handler if observer is None else observer.wrap_handler(handler, True)

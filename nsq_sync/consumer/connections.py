@@ -1,0 +1,432 @@
+"""The consumer's connections: the connection table, its RDY credit, and the reader callbacks.
+
+One :class:`ConnectionSet` per consumer (it is the consumer's part that talks to nsqds):
+
+* it dials nsqds when discovery asks (:meth:`ConnectionSet.spawn_connect`), registers them, and
+  forgets them when they close, telling discovery (which redials);
+* it is the :class:`~nsq_sync.wire.connection.ConnectionHandler` of every connection (private to the
+  consumer): reader tasks hand it each read's messages, unsolicited responses and errors, and
+  the close;
+* it applies the RDY manager's decisions: the manager (pure policy, the single owner of every
+  in-flight count) is only ever called under :attr:`ConnectionSet.lock`, and the RDY commands
+  it returns are written under the same lock, so the wire order matches the manager's view; a
+  timer task drives the manager's deadlines (backoff expiry, redistribution);
+* at stop it closes the subscription: RDY 0 and CLS, then (once every connection said
+  CLOSE_WAIT and nothing is in flight, or the deadline passed) it closes them all.
+
+The counters of :meth:`~nsq_sync.consumer.Consumer.stats` live here too, under the same lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from nsq_sync.config import Config
+from nsq_sync.consumer.discovery import Discovery
+from nsq_sync.consumer.stats import ConnectionStats, ConsumerStats
+from nsq_sync.credit.manager import Action, RDYManager
+from nsq_sync.errors import AuthError, NSQConnectionError, ProtocolError, ServerError, TLSError
+from nsq_sync.message import Message, Responder, from_frames
+from nsq_sync.metrics.observer import ConsumerObserver
+from nsq_sync.protocol import commands
+from nsq_sync.protocol.events import RawMessage
+from nsq_sync.runtime import Runtime, Task
+from nsq_sync.wire.connection import NsqdConnection
+
+__all__ = ["COUNTERS", "ConnectionSet"]
+
+#: the counters of ConsumerStats, in its order
+COUNTERS = ("received", "finished", "requeued", "failed", "gave_up", "skipped", "dead_lettered")
+
+#: error codes of a FIN/REQ nsqd rejected, and the counter that had counted it
+_REJECTED = {"E_FIN_FAILED": "finished", "E_REQ_FAILED": "requeued"}
+
+
+class ConnectionSet:
+    """A consumer's live nsqd connections and their credit. Thread-safe: every method takes
+    :attr:`lock` (an RLock) where it touches shared state.
+
+    Args:
+        topic, channel: the subscription.
+        config: the consumer's options.
+        runtime: threads or gevent.
+        rdy: the RDY manager (owner of credit and in-flight counts; used under :attr:`lock`).
+        log: the consumer's logger.
+
+    The consumer sets :attr:`responder` (what messages answer through), :attr:`deliver` (the
+    worker pool's ``submit_many``) and :attr:`discovery` before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        config: Config,
+        runtime: Runtime,
+        rdy: RDYManager,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.config = config
+        self.runtime = runtime
+        self.rdy = rdy
+        self.log = log
+        #: guards the table, the RDY manager and the counters (the consumer's central lock)
+        self.lock = runtime.rlock()
+        self.conns: dict[str, NsqdConnection] = {}
+        self.counts = dict.fromkeys(COUNTERS, 0)
+        #: set by stop(): new messages are requeued at once, nothing reconnects
+        self.stopping = False
+        self.connected = runtime.event()  # set while some connection is subscribed
+        self.responder: Responder | None = None
+        self.deliver: Callable[[list[Message]], None] = _nowhere
+        self.discovery: Discovery | None = None
+        #: metrics and traces (nsq_sync.metrics); None while off: one check per event batch
+        self.observer: ConsumerObserver | None = None
+        self._connected_at: dict[NsqdConnection, float] = {}
+        # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
+        self._close_waited: set[NsqdConnection] = set()
+        self._timer_wakeup = runtime.event()
+        self._timer: Task | None = None
+
+    # ------------------------------------------------------------------ queries
+
+    def addresses(self) -> set[str]:
+        with self.lock:
+            return set(self.conns)
+
+    def in_flight(self) -> int:
+        """Messages delivered and not yet answered, over the live connections."""
+        with self.lock:
+            return sum(c.in_flight for c in self.rdy.conns.values())
+
+    def in_flight_of(self, key: str | None) -> int:
+        """Messages in flight on the connection of RDY key ``key`` (caller holds :attr:`lock`)."""
+        state = None if key is None else self.rdy.conns.get(key)
+        return 0 if state is None else state.in_flight
+
+    def credit(self) -> tuple[int, int, int]:
+        """(messages nsqds may still send, messages in flight, messages received so far): what
+        run() judges idleness by and BatchConsumer closes batches by."""
+        with self.lock:
+            return self.rdy.credit_left(), self.in_flight(), self.counts["received"]
+
+    def is_starved(self) -> bool:
+        """True when some connection has >= 85 % of its RDY in flight."""
+        with self.lock:
+            return self.rdy.is_starved()
+
+    def set_observer(self, observer: ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing), first what is up already."""
+        with self.lock:
+            self.observer = observer
+            if observer is not None:
+                for address, state in self.rdy.conns.items():
+                    if address in self.conns:
+                        observer.connection(address, True)
+                        observer.rdy(address, state.rdy)
+                observer.backoff(self.rdy.backoff_level)
+
+    def snapshot(self) -> ConsumerStats:
+        """The consumer's stats, taken under one lock (consistent with each other)."""
+        with self.lock:
+            rdy = self.rdy
+            table = self.conns
+            return ConsumerStats(
+                connections=[
+                    ConnectionStats(addr, st.rdy, st.in_flight, table[addr].messages_received)
+                    for addr, st in rdy.conns.items()
+                    if addr in table
+                ],
+                max_in_flight=rdy.max_in_flight,
+                total_rdy=rdy.total_rdy,
+                in_flight=self.in_flight(),
+                backoff_level=rdy.backoff_level,
+                in_backoff=rdy.in_backoff,
+                is_starved=rdy.is_starved(),
+                **self.counts,
+            )
+
+    def skipped(self, message: Message, admitted: bool = False) -> None:
+        """``message`` is dropped unanswered (its connection closed before its handler ran;
+        nsqd redelivers it): counted, and out of a budgeted run's in-flight count (having
+        spent a place of the run when ``admitted``: a BatchConsumer's open batch)."""
+        self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
+        with self.lock:
+            self.counts["skipped"] += 1
+            if self.rdy.budgeted:
+                conn = message._conn
+                key = None if conn is None else self.key(conn)
+                self.apply_and_wake(lambda: self.rdy.on_skip(key, admitted))
+
+    def wake_timer(self) -> None:
+        """Let the RDY timer task look at its deadlines again (a budgeted run's moved)."""
+        self._timer_wakeup.set()
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``what`` (one of :data:`COUNTERS`)."""
+        with self.lock:
+            self.counts[what] += n
+            observer = self.observer
+            if observer is not None and n > 0:  # (a rejected FIN/REQ is not taken back there)
+                observer.counted(what, n)
+
+    def key(self, conn: NsqdConnection) -> str | None:
+        """``conn``'s RDY key; None for a connection that was replaced since (caller holds
+        :attr:`lock`)."""
+        return conn.address if self.conns.get(conn.address) is conn else None
+
+    # ------------------------------------------------------------------ RDY
+
+    def start(self, name: str) -> None:
+        """Start the RDY timer task (named ``nsq_sync-rdy-<name>``)."""
+        self._timer = self.runtime.spawn(self._timer_loop, name=f"nsq_sync-rdy-{name}")
+
+    def apply(self, actions: list[Action]) -> None:
+        """Send RDY updates in order (caller holds :attr:`lock`)."""
+        observer = self.observer
+        for address, count in actions:
+            conn = self.conns.get(cast(str, address))
+            if conn is not None:
+                self.send(conn, commands.rdy(count))
+                if observer is not None:
+                    observer.rdy(conn.address, count)
+
+    def apply_and_wake(self, event: Callable[[], list[Action]]) -> None:
+        """Apply the RDY manager's answer to ``event()``; wake the timer task when its next
+        deadline moved (caller holds :attr:`lock`)."""
+        before = self.rdy.next_deadline()
+        self.apply(event())
+        if self.rdy.next_deadline() != before:
+            self._timer_wakeup.set()
+        if self.observer is not None:
+            self.observer.backoff(self.rdy.backoff_level)
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        with self.lock:
+            self.apply(self.rdy.set_max_in_flight(max_in_flight))
+        self._timer_wakeup.set()
+
+    def set_budget(self, deliveries: int) -> None:
+        """Deliver no more than ``deliveries`` messages from now on (see RDYManager.set_budget)."""
+        with self.lock:
+            self.apply(self.rdy.set_budget(deliveries))
+        self._timer_wakeup.set()
+
+    def send(self, conn: NsqdConnection, data: bytes) -> bool:
+        """Write ``data`` now; a failed write closes the connection (its reader reports it)."""
+        try:
+            conn.send(data)
+            return True
+        except NSQConnectionError as exc:
+            self.log.debug("write to %s failed: %s", conn.address, exc)
+            conn.close()
+            return False
+
+    def _timer_loop(self) -> None:
+        """Drives the RDY manager's timers (backoff expiry, redistribution); sleeps otherwise."""
+        while not self.stopping:
+            with self.lock:
+                deadline = self.rdy.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._timer_wakeup.wait(timeout)
+            self._timer_wakeup.clear()
+            if self.stopping:
+                return
+            with self.lock:
+                self.apply(self.rdy.tick())
+                if self.observer is not None:
+                    self.observer.backoff(self.rdy.backoff_level)
+
+    # ------------------------------------------------------------------ connecting
+
+    def spawn_connect(self, address: str) -> None:
+        """Dial ``address`` on a task of its own (discovery calls this)."""
+        self.runtime.spawn(self._connect, address, name=f"nsq_sync-connect-{address}")
+
+    def _connect(self, address: str) -> None:
+        discovery = self.discovery
+        assert discovery is not None
+        conn = NsqdConnection(address, self.config, runtime=self.runtime, handler=self)
+        try:
+            conn.connect()
+            conn.subscribe(self.topic, self.channel)
+        except (NSQConnectionError, ServerError, ProtocolError) as exc:
+            permanent = _is_configuration_error(exc)
+            if permanent:
+                self.log.error(
+                    "cannot subscribe on nsqd %s: %s; this looks like a configuration error, "
+                    "retrying in %.0f s",
+                    address,
+                    exc,
+                    self.config.reconnect_backoff_max,
+                )
+            else:
+                self.log.warning("cannot connect to nsqd %s: %s", address, exc)
+            discovery.connect_failed(address, permanent)
+            return
+        except Exception:
+            self.log.exception("connecting to nsqd %s failed", address)
+            discovery.connect_failed(address)
+            return
+        with self.lock:
+            # (discovery dials only what is neither connected nor connecting: a second
+            # connection to one nsqd would be a bug, and its credit would be counted twice)
+            duplicate = address in self.conns
+            added = not (self.stopping or duplicate)
+            if added:
+                self.conns[address] = conn
+                self._connected_at[conn] = time.monotonic()
+                conn.start_reader()
+                if self.observer is not None:
+                    self.observer.connection(address, True)
+                self.apply(self.rdy.add(address, conn.max_rdy_count))
+                self.connected.set()
+            else:
+                conn.close()
+        if duplicate:
+            self.log.warning(
+                "nsqd %s was dialled while connected; closed the new connection", address
+            )
+            discovery.connect_succeeded(address)
+        if not added:
+            return
+        discovery.connect_succeeded(address)
+        self._timer_wakeup.set()
+        self.log.info("connected to nsqd %s (max_rdy_count %d)", address, conn.max_rdy_count)
+
+    # ------------------------------------------------------------------ reader tasks
+
+    def on_messages(self, conn: NsqdConnection, frames: list[RawMessage]) -> None:
+        messages = from_frames(frames, self.responder, conn.address, conn)
+        n = len(messages)
+        with self.lock:
+            self.counts["received"] += n
+            stale = self.stopping
+            # counted in flight even while stopping: their REQ below counts them out
+            key = self.key(conn)
+            actions = self.rdy.on_messages(key, n)
+            if actions and not stale:
+                self.apply(actions)
+            observer = self.observer
+            if observer is not None:
+                observer.received(conn.address, n, self.in_flight_of(key))
+            # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
+            # that had nothing sends (those found empty before may have filled up too)
+            if self.rdy.budgeted or self.rdy.woken:
+                self.rdy.woken = False
+                self._timer_wakeup.set()
+        if stale:
+            for message in messages:
+                message.requeue(0.0, backoff=False)
+        else:
+            self.deliver(messages)
+
+    def on_error(self, conn: NsqdConnection, error: ServerError) -> None:
+        # A FIN/REQ nsqd rejected (the message had timed out, and nsqd requeued it itself) was
+        # counted when it was sent: it did not happen.
+        counter = _REJECTED.get(error.code)
+        if counter is not None:
+            self.count(counter, -1)
+        if error.fatal:
+            self.log.error("nsqd %s: %s; the connection will be replaced", conn.address, error)
+        else:
+            self.log.warning("nsqd %s: %s", conn.address, error)
+
+    def on_response(self, conn: NsqdConnection, data: bytes) -> None:
+        if data == b"CLOSE_WAIT":
+            self.log.debug("nsqd %s acknowledged CLS", conn.address)
+            with self.lock:
+                self._close_waited.add(conn)
+        else:
+            self.log.debug("nsqd %s sent an unexpected response %r", conn.address, data[:100])
+
+    def on_close(self, conn: NsqdConnection, error: BaseException | None) -> None:
+        in_flight = 0
+        with self.lock:
+            if self.conns.get(conn.address) is conn:
+                del self.conns[conn.address]
+                state = self.rdy.conns.get(conn.address)
+                in_flight = state.in_flight if state is not None else 0
+                self.apply(self.rdy.remove(conn.address))
+                if self.observer is not None:
+                    self.observer.connection(conn.address, False)
+            since = self._connected_at.pop(conn, None)
+            # useful: it delivered, or outlived a heartbeat; a connection that nsqd closes
+            # right after SUB is not, and its reconnect backoff keeps growing
+            useful = conn.messages_received > 0 or (
+                since is not None and time.monotonic() - since >= self.config.heartbeat_interval
+            )
+            if not self.conns:
+                self.connected.clear()
+            if not self.stopping:
+                self._close_waited.discard(conn)
+        if in_flight:
+            self.log.warning(
+                "connection to %s closed with %d message(s) in flight; nsqd will redeliver them",
+                conn.address,
+                in_flight,
+            )
+        if not self.stopping and self.discovery is not None:
+            self.discovery.connection_lost(conn.address, useful)
+        self._timer_wakeup.set()
+
+    # ------------------------------------------------------------------ stopping
+
+    def close_subscription(self, stopping: Callable[[], None]) -> list[NsqdConnection] | None:
+        """Start the stop: ``stopping()``, RDY 0 everywhere and CLS on every connection, in one
+        critical section. Returns the connections (to wait for with :meth:`settled`), or None
+        when a stop had begun already.
+
+        RDY 0 goes out in the same critical section that makes every new message stale: a
+        reader requeueing stale messages to an nsqd that still has RDY gets each one straight
+        back, and under gevent that loop never yields to let the RDY 0 out. CLS follows right
+        behind: nsqd answers CLOSE_WAIT behind every message it had already written (one
+        buffered writer; a response flushes it), so once a connection said CLOSE_WAIT its
+        in-flight count is complete (closing as soon as the count read 0 lost messages still
+        on the wire). FIN/REQ/TOUCH still work in nsqd's closing state.
+        """
+        with self.lock:
+            if self.stopping:
+                return None
+            self.stopping = True
+            stopping()
+            self.apply(self.rdy.set_max_in_flight(0))
+            conns = list(self.conns.values())
+            for conn in conns:
+                self.send(conn, commands.cls())
+        self._timer_wakeup.set()
+        return conns
+
+    def settled(self, conns: list[NsqdConnection]) -> bool:
+        """Nothing in flight, and every one of ``conns`` closed or said CLOSE_WAIT."""
+        with self.lock:
+            return self.in_flight() == 0 and all(
+                conn.closed or conn in self._close_waited for conn in conns
+            )
+
+    def close_all(self, conns: list[NsqdConnection], deadline: float) -> None:
+        """Close ``conns`` and every live connection, join their readers and the timer task."""
+        with self.lock:
+            conns = list(dict.fromkeys([*conns, *self.conns.values()]))
+        for conn in conns:
+            conn.close()
+            conn.join(max(0.1, deadline - time.monotonic()))
+        if self._timer is not None:
+            self._timer.join(1.0)
+
+
+def _nowhere(messages: list[Message]) -> None:
+    raise RuntimeError("ConnectionSet.deliver was not set")
+
+
+def _is_configuration_error(error: BaseException) -> bool:
+    """Errors a reconnect would only repeat: TLS/AUTH setup, garbage (an HTTP port), or nsqd
+    rejecting IDENTIFY/SUB/AUTH for reasons other than a transient failure."""
+    if isinstance(error, (TLSError, AuthError, ProtocolError)):
+        return True
+    return isinstance(error, ServerError) and not error.retriable

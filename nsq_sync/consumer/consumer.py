@@ -1,0 +1,478 @@
+"""Consumer: wiring and lifecycle only.
+
+    socket ──► reader task (one per nsqd) ──► dispatch queue ──► worker pool ──► handler(message)
+    discovery task (lookupd polls with jitter) ──► connect / reconnect nsqds (lookupd only adds)
+    RDY manager (one per consumer, pure policy) ◄── every message, FIN, REQ, timer tick
+
+The parts: :class:`~nsq_sync.consumer.connections.ConnectionSet` (connections, RDY credit, the reader
+callbacks, closing at stop), :class:`~nsq_sync.consumer.responder.ConsumerResponder` (FIN/REQ/TOUCH),
+:class:`~nsq_sync.consumer.workers.WorkerPool`, :class:`~nsq_sync.consumer.flusher.Flusher` and
+:class:`~nsq_sync.consumer.discovery.Discovery`. The connection set's lock is the consumer's central
+lock (ARCHITECTURE.md has the whole concurrency model). User code (handler, giving_up) never
+runs under it, nor on a reader task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nsq_sync import process as _fork
+from nsq_sync.addresses import parse_address, parse_http_address
+from nsq_sync.backoff import make_backoff
+from nsq_sync.config import Config, address_list
+from nsq_sync.consumer.connections import ConnectionSet
+from nsq_sync.consumer.dead_letters import DeadLetterer, check_topic
+from nsq_sync.consumer.discovery import Discovery
+from nsq_sync.consumer.flusher import Flusher
+from nsq_sync.consumer.parts import ConsumerParts, PartsUser
+from nsq_sync.consumer.responder import ConsumerResponder
+from nsq_sync.consumer.running import RunSummary, run_to_end
+from nsq_sync.consumer.stats import ConnectionStats, ConsumerStats
+from nsq_sync.consumer.workers import GiveUpHandler, Handler, WorkerPool
+from nsq_sync.credit.manager import RDYManager
+from nsq_sync.durations import to_seconds
+from nsq_sync.errors import ConfigError, Stopped
+from nsq_sync.message import Message
+from nsq_sync.metrics import observer as _observe
+from nsq_sync.protocol.names import validate_channel, validate_topic
+from nsq_sync.runtime import Runtime, patched_after, resolve_runtime
+from nsq_sync.wire.connection import NsqdConnection
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConnectionStats", "Consumer", "ConsumerParts", "ConsumerStats", "PartsUser"]
+
+
+class Consumer:
+    """Consumes ``topic``/``channel`` from nsqd(s), running ``handler(message)`` on a worker pool.
+
+    ``handler`` returning finishes the message; raising requeues it (with backoff). See
+    :mod:`nsq_sync.consumer.workers` for the exact rules, ``max_attempts`` and ``giving_up``.
+
+    Args:
+        topic, channel: what to subscribe to.
+        handler: called with each :class:`~nsq_sync.message.Message` on a worker.
+        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``): a list, or one string
+            (several separated by commas). Default: ``config.nsqd_tcp_addresses``.
+        lookupd_http_addresses: nsqlookupds to discover nsqds from (a list, or one string,
+            several separated by commas). Default: ``config.lookupd_http_addresses``. lookupd
+            only adds nsqds: a connection closes when nsqd closes it, never because a lookupd
+            stopped listing it (as go-nsq; a restarted lookupd lists nothing for a while).
+        concurrency: number of worker tasks running the handler.
+        giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
+        dead_letter_topic: publish given-up messages there before finishing them (see
+            :mod:`nsq_sync.dead_letter`).
+        config: a Config; keyword ``overrides`` (any Config option) apply on top.
+        runtime: ``"auto"`` (gevent if gevent patched ``socket``; decided at :meth:`start`, so
+            a consumer made before ``monkey.patch_all()`` runs on gevent when started after),
+            ``"threads"`` or ``"gevent"``.
+
+    Raises:
+        InvalidName: a bad topic, channel or dead-letter topic name.
+        ConfigError: no addresses, a malformed one, an invalid option (dead_letter_topic too).
+
+    Thread-safety: every public method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        *,
+        nsqd_tcp_addresses: str | Sequence[str] = (),
+        lookupd_http_addresses: str | Sequence[str] = (),
+        concurrency: int = 1,
+        giving_up: GiveUpHandler | None = None,
+        config: Config | None = None,
+        runtime: Any = "auto",
+        dead_letter_topic: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.topic = validate_topic(topic)
+        self.channel = validate_channel(channel)
+        self.dead_letter_topic = check_topic(dead_letter_topic, self.topic)
+        if not callable(handler):
+            raise ConfigError(f"handler must be callable, got {handler!r}")
+        if giving_up is not None and not callable(giving_up):
+            raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        self.config = (config or Config()).replace(**overrides)
+        direct = list(address_list("nsqd_tcp_addresses", nsqd_tcp_addresses))
+        lookupds = list(address_list("lookupd_http_addresses", lookupd_http_addresses))
+        if not direct and not lookupds:
+            direct = list(self.config.nsqd_tcp_addresses)
+            lookupds = list(self.config.lookupd_http_addresses)
+        if not direct and not lookupds:
+            raise ConfigError("Consumer needs nsqd_tcp_addresses and/or lookupd_http_addresses")
+        for address in direct:
+            parse_address(address)
+        lookupds = [parse_http_address(a)[0] for a in lookupds]
+        # runtime="auto" is decided at start() (a consumer made before gevent patched the
+        # process runs on gevent when started after); until then its parts use what auto picks
+        # now, and are built again at start() if that changed (see _decide_runtime).
+        self._auto_runtime = runtime is None or runtime == "auto"
+        self._handler = handler
+        self.log = logging.LoggerAdapter(
+            logging.getLogger(f"nsq_sync.consumer.{self.topic}.{self.channel}"), {}
+        )
+        cfg = self.config
+        backoff = None
+        if cfg.max_backoff_duration > 0 and cfg.backoff_multiplier > 0:
+            backoff = make_backoff(
+                cfg.backoff_strategy, cfg.backoff_multiplier, cfg.max_backoff_duration
+            )
+        self._rdy = RDYManager(
+            cfg.max_in_flight,
+            backoff=backoff,
+            low_rdy_idle_timeout=cfg.low_rdy_idle_timeout,
+            redistribute_interval=cfg.rdy_redistribute_interval,
+            clock=time.monotonic,
+            # nsqd may hold what it sent in its output buffer for output_buffer_timeout
+            settle=1.0 + (cfg.output_buffer_timeout or 0.0),
+            buffering=cfg.output_buffer_timeout or 0.0,
+        )
+        self._build(resolve_runtime(runtime), direct, lookupds, concurrency, giving_up)
+        self._stop_clean = False
+        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a handler
+        self._started = False
+        self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
+
+    def _build(
+        self,
+        runtime: Runtime,
+        direct: list[str],
+        lookupds: list[str],
+        concurrency: int,
+        giving_up: GiveUpHandler | None,
+    ) -> None:
+        """Create the parts that depend on the runtime: lock, events, connection set, responder,
+        worker pool, flusher, discovery (all idle until start())."""
+        self._runtime = runtime
+        cfg = self.config
+        log = self.log
+        connections = ConnectionSet(self.topic, self.channel, cfg, runtime, self._rdy, log)
+        flusher = Flusher(runtime, log)
+        responder = ConsumerResponder(connections, flusher, cfg, log)
+        pool = WorkerPool(
+            runtime,
+            self._handler,
+            concurrency=concurrency,
+            max_attempts=cfg.max_attempts,
+            giving_up=giving_up,
+            log=log,
+            on_skip=connections.skipped,
+            on_gave_up=lambda message: connections.count("gave_up"),
+            on_fatal=self._on_fatal,
+            finish_many=responder.finish_many,
+            backstop=flusher,
+            on_failed=lambda message: connections.count("failed"),
+            dead_letter=DeadLetterer.for_consumer(self, runtime, connections.count),
+        )
+        discovery = Discovery(
+            topic=self.topic,
+            direct=direct,
+            lookupds=lookupds,
+            poll_interval=cfg.lookupd_poll_interval,
+            poll_jitter=cfg.lookupd_poll_jitter,
+            http_timeout=cfg.lookupd_http_timeout,
+            reconnect_max=cfg.reconnect_backoff_max,
+            runtime=runtime,
+            connected=connections.addresses,
+            connect=connections.spawn_connect,
+            log=log,
+        )
+        connections.responder = responder
+        connections.deliver = pool.submit_many
+        connections.discovery = discovery
+        self._connections, self._flusher, self._pool = connections, flusher, pool
+        self._discovery = discovery
+        self._stopped_event = runtime.event()  # stop requested (wakes run())
+        self._stop_done = runtime.event()  # fully stopped
+        if isinstance(self._handler, PartsUser):
+            self._handler.attach(ConsumerParts(runtime, connections, responder, pool))
+
+    def _decide_runtime(self) -> bool:
+        """With runtime="auto", decide the runtime in this process now (at start): when gevent
+        patched the process since the consumer was made on threads, build its parts again on
+        gevent (threading locks would block the whole gevent hub). True when rebuilt."""
+        if not self._auto_runtime or self._started or self._connections.stopping:
+            return False
+        if not patched_after(self._runtime):
+            return False
+        pool, stop_requested = self._pool, self._stopped_event.is_set()
+        with self._connections.lock:
+            self._build(
+                resolve_runtime("auto"),
+                self._discovery.direct,
+                self._discovery.lookupds,
+                pool.concurrency,
+                pool.giving_up,
+            )
+            self._pool.admit = pool.admit  # run()'s gate, installed before start
+            if stop_requested:  # a signal run() caught before it started
+                self._stopped_event.set()
+        self.log.debug("runtime decided at start: %s", self._runtime.name)
+        return True
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime in use (``.name`` is ``"threads"`` or ``"gevent"``). With
+        ``runtime="auto"`` it is decided at :meth:`start`; before that this is what "auto"
+        would pick now."""
+        if self._auto_runtime and not self._started and patched_after(self._runtime):
+            return resolve_runtime("auto")
+        return self._runtime
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start workers, discovery and connections; returns at once.
+
+        With ``max_in_flight=0`` the consumer starts paused (it connects but receives nothing
+        until :meth:`set_max_in_flight`); a WARNING says so.
+
+        Raises:
+            Stopped: the consumer was stopped (consumers are not restartable), or it was
+                started in another process before a fork (start a new one in each process).
+        """
+        self._check_process()
+        if self._connections.stopping:
+            raise Stopped("consumer was stopped; create a new one")
+        if self._started:
+            return
+        self._decide_runtime()
+        self._started = True
+        self._started_in = _fork.stamp()
+        if self._rdy.max_in_flight == 0:
+            self.log.warning(
+                "max_in_flight is 0: the consumer is paused and receives nothing until "
+                "set_max_in_flight() raises it"
+            )
+        _fork.track(self, Consumer._abandon_in_child)
+        name = f"{self.topic}/{self.channel}"
+        self._pool.start(name)
+        self._flusher.start(name, self._pool)
+        self._connections.start(name)
+        self._discovery.start(name)
+        _observe.track(self)  # metrics (nsq_sync.metrics), when enabled, now or later
+
+    def run(
+        self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
+    ) -> RunSummary:
+        """Start, block until an end, then stop gracefully. The ends (``summary.reason``):
+
+        * ``"stopped"``: :meth:`stop` was called (from another thread, or a handler);
+        * ``"signal"``: SIGTERM or SIGINT (handlers are installed only when run() is called
+          from the main thread, and restored after);
+        * ``"timeout"``: ``timeout`` seconds passed since the run started;
+        * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open (some
+          nsqd could have sent one), or while there was no nsqd to consume from (no direct
+          address, and lookupd lists none). Backoff, reconnecting to a known nsqd, a pause
+          (``max_in_flight`` 0) and every allowed message in flight are not idle;
+        * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
+          messages given up without one). The consumer pauses at once and no further call
+          starts; the credit nsqds hold never exceeds the deliveries left, so only a redelivery
+          arrives after that, and it is requeued at once (docs/cron.md says why this matters).
+
+        Args:
+            timeout, idle_timeout: seconds (float or timedelta) > 0, or None.
+            max_messages: an int >= 1, or None.
+
+        Returns:
+            A :class:`~nsq_sync.consumer.running.RunSummary` (``summary.ok`` is False when a handler
+            failed or a message was given up), once the consumer is fully stopped.
+
+        Raises:
+            ConfigError: a bad argument (nothing started).
+            Stopped: the consumer was stopped before, or it was started in another process
+                before a fork (raised before anything else, as by start() and stop()).
+            SystemExit, KeyboardInterrupt: a handler raised it; that message was requeued and
+                the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
+                worker).
+        """
+        return run_to_end(
+            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
+        )
+
+    def _observe(self, observer: _observe.ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing); called at start() and when
+        a metrics backend is enabled later. Thread-safe."""
+        handler = self._handler
+        if isinstance(handler, PartsUser):
+            handler.observe(observer)
+        elif observer is None:
+            self._pool.handler = handler
+        else:
+            self._pool.handler = observer.wrap_handler(handler, False)
+        self._connections.set_observer(observer)
+
+    def _check_process(self) -> None:
+        # A started consumer's threads do not survive a fork, and its sockets are the
+        # parent's: a clear error in the child instead of silent sharing.
+        message = _fork.started_elsewhere(self._started_in)
+        if message is not None:
+            raise Stopped(message)
+
+    def _abandon_in_child(self) -> None:
+        # The fork hook, in a forked child (nsq_sync.process; takes no lock): this copy is dead.
+        # Its connections and tasks are abandoned by their own hooks; nothing may reconnect.
+        self._connections.stopping = True
+        self._discovery.abandon()
+
+    # ------------------------------------------------------------------ what run() needs
+
+    # (nsq_sync.consumer.running.Runnable: the docstrings are there)
+
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        self._pool.admit = admit
+
+    def _set_budget(self, deliveries: int) -> None:
+        # the messages already queued for the workers are among the deliveries
+        self._connections.set_budget(max(0, deliveries - self._pool.queued()))
+
+    def _pause(self) -> None:
+        self.set_max_in_flight(0)
+
+    def _credit(self) -> tuple[int, int, int]:
+        return self._connections.credit()
+
+    def _nothing_to_consume(self) -> bool:
+        # no direct address, and lookupd answered that no nsqd carries the topic: unlike
+        # reconnecting, nothing will arrive
+        d = self._discovery
+        connected = self._connections.addresses()
+        return not connected and not d.direct and d.answered and not d.discovered
+
+    def _end_run(self) -> None:
+        self._stopped_event.set()  # read now: start() may have built it anew (runtime="auto")
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        return bool(self._stopped_event.wait(timeout))
+
+    def _fatal_error(self) -> BaseException | None:
+        return self._fatal
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
+        running handlers (and async messages) finish until ``timeout``, CLS, close.
+
+        Every call returns only once the consumer is fully stopped (True when everything in
+        flight was answered in time), or when its own ``timeout`` passed first (False); later
+        calls return at once. Called from a handler, stop() cannot wait for that handler: it
+        starts the stop and returns False at once; the handler's message is finished (or
+        requeued) as usual when it returns, then the stop completes on its own, and
+        :meth:`run` returns.
+
+        Raises:
+            ConfigError: ``timeout`` is not a duration >= 0.
+            Stopped: called in a forked child of the process that started the consumer (its
+                connections are the parent's: nothing is sent on them from here).
+        """
+        self._check_process()
+        deadline = time.monotonic() + to_seconds(timeout, "timeout")
+        conns = self._connections.close_subscription(self._on_stopping)  # None: stop had begun
+        own_task = self._on_own_task()
+        if conns is not None:
+            if own_task:
+                # a handler (or giving_up) called stop: the stop waits for this very handler,
+                # so it runs on a task of its own
+                self.runtime.spawn(
+                    self._complete_stop, conns, deadline, name=f"nsq_sync-stop-{self.topic}"
+                )
+            else:
+                self._complete_stop(conns, deadline)
+        if own_task:
+            return False
+        self._stop_done.wait(max(0.0, deadline - time.monotonic()))
+        return self._stop_done.is_set() and self._stop_clean
+
+    def _on_stopping(self) -> None:
+        """Part of stop()'s first critical section: messages not started yet are requeued
+        from now on, and run() wakes."""
+        self._pool.stopping = True
+        self._stopped_event.set()
+
+    def _on_own_task(self) -> bool:
+        """True on one of this consumer's worker tasks (a handler is calling)."""
+        is_current = self.runtime.is_current
+        return any(is_current(task) for task in self._pool.tasks)
+
+    def _complete_stop(self, conns: list[NsqdConnection], deadline: float) -> None:
+        """The rest of :meth:`stop`, after RDY 0 and CLS went out: drain, close, join."""
+        try:
+            self._discovery.stop(max(0.1, deadline - time.monotonic()))
+            connections = self._connections
+            while True:
+                for message in self._pool.drain():  # queued, or arrived after RDY 0
+                    message.requeue(0.0, backoff=False)
+                if connections.settled(conns) or time.monotonic() >= deadline:
+                    break
+                self.runtime.sleep(0.01)
+            clean = connections.settled(conns)
+            if not clean:
+                self.log.warning(
+                    "stop deadline passed with %d message(s) in flight; nsqd will redeliver them",
+                    connections.in_flight(),
+                )
+            self._pool.stop(max(0.1, deadline - time.monotonic()))
+            self._flusher.stop()
+            connections.close_all(conns, deadline)
+            self._stop_clean = clean
+        finally:
+            self._stop_done.set()
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ queries
+
+    def is_starved(self) -> bool:
+        """True when some connection has >= 85 % of its RDY in flight (flush batches now)."""
+        return self._connections.is_starved()
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change the total in-flight credit at run time; 0 pauses consumption.
+
+        Raises:
+            ConfigError: not an int >= 0.
+        """
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 0
+        ):
+            raise ConfigError(f"max_in_flight must be an int >= 0, got {max_in_flight!r}")
+        self._connections.set_max_in_flight(max_in_flight)
+
+    def stats(self) -> ConsumerStats:
+        """A consistent snapshot of connections, RDY, in-flight and counters."""
+        return self._connections.snapshot()
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        """Block until at least one nsqd connection is subscribed (cron jobs and tests use
+        this before counting on consumption). Thread-safe.
+
+        Returns:
+            True when connected, False when ``timeout`` seconds passed first.
+        """
+        return bool(self._connections.connected.wait(timeout))
+
+    # ------------------------------------------------------------------ WorkerPool hooks
+
+    def _on_fatal(self, error: BaseException) -> None:
+        """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):
+        stop gracefully; :meth:`run` re-raises it in the thread that called it."""
+        with self._connections.lock:
+            if self._fatal is None:
+                self._fatal = error
+        self.log.error("handler raised %r; stopping the consumer", error)
+        self.stop()

@@ -1,0 +1,284 @@
+"""Running a consumer to an end: ``Consumer.run(timeout=, idle_timeout=, max_messages=)``.
+
+Cron jobs and scripts drain what is there and exit with a status that says whether it all went
+well. :func:`run_to_end` starts what it runs (a ``Runnable``: a Consumer or a
+BatchConsumer), waits for one of the ends listed in :meth:`Consumer.run
+<nsq_sync.consumer.Consumer.run>`, stops it gracefully and returns a :class:`RunSummary`.
+
+Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
+``idle_timeout`` if that is shorter), so ends come at most that late.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nsq_sync.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from nsq_sync.consumer.stats import ConsumerStats
+    from nsq_sync.message import Message
+
+__all__ = ["RunSummary", "Runnable", "run_to_end"]
+
+#: longest gap between two looks at the consumer's state while an end needs watching, in seconds
+POLL = 0.05
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one :meth:`~nsq_sync.consumer.Consumer.run` did.
+
+    Attributes:
+        handled: messages handled during the run: handler calls started, and messages given up
+            without one (a BatchConsumer: messages put in batches).
+        finished: messages finished (FIN) during the run.
+        requeued: REQs sent during the run: after failures, by ``message.requeue()``, and the
+            messages handed back at the end.
+        failed: handler calls that raised (:class:`~nsq_sync.errors.RequeueMessage` aside; a
+            BatchConsumer counts every message of a batch whose handler raised).
+        gave_up: messages handed to the give-up handler (``max_attempts`` used up, or
+            :class:`~nsq_sync.errors.DeadLetter` raised).
+        elapsed: seconds the run took, the graceful stop included.
+        reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
+            ``"max_messages"`` (see :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`).
+        dead_lettered: messages given up and published to the dead-letter topic (also in
+            ``gave_up``).
+    """
+
+    handled: int
+    finished: int
+    requeued: int
+    failed: int
+    gave_up: int
+    elapsed: float
+    reason: str
+    dead_lettered: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when no handler call failed and no message was given up."""
+        return self.failed == 0 and self.gave_up == 0
+
+    @property
+    def exit_status(self) -> int:
+        """The exit status of a command that ran this consumer (``nsq-sync tail``/``drain``,
+        ``manage.py nsq_consume``, ``flask nsq consume``): 0 after a graceful stop (SIGTERM,
+        SIGINT or ``stop()``: a deploy stopping a worker is success, whatever failed and was
+        requeued before), otherwise 0 when :attr:`ok` and 1 when handlers failed or gave up (a
+        run ended by ``idle_timeout``, ``max_messages`` or ``timeout``, so cron can alert)."""
+        return 0 if self.reason in ("signal", "stopped") or self.ok else 1
+
+
+class Runnable(Protocol):
+    """What :func:`run_to_end` needs from what it runs; Consumer and BatchConsumer provide it.
+
+    The underscore methods are internal: they exist for ``run()``, not for users.
+    """
+
+    @property
+    def log(self) -> logging.LoggerAdapter[Any]:
+        """The logger the run reports to."""
+
+    def start(self) -> None:
+        """Start consuming; returns at once."""
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop gracefully (the end of every run)."""
+
+    def stats(self) -> ConsumerStats:
+        """The counters the summary is the difference of."""
+
+    def _check_process(self) -> None:
+        """Raise Stopped in a forked child of the process that started it (before any lock)."""
+
+    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        """Call ``admit(message)`` before each message is handled; False requeues it at once."""
+
+    def _set_budget(self, deliveries: int) -> None:
+        """Let nsqd deliver at most ``deliveries`` more messages (what ``max_messages`` leaves)."""
+
+    def _pause(self) -> None:
+        """Receive nothing more (RDY 0 everywhere): ``max_messages`` was reached."""
+
+    def _credit(self) -> tuple[int, int, int]:
+        """(messages nsqds may still send, messages in flight, messages received so far)."""
+
+    def _nothing_to_consume(self) -> bool:
+        """True when there is no nsqd to consume from (waiting then is idle)."""
+
+    def _end_run(self) -> None:
+        """Make the run end now (it then stops gracefully); safe in a signal handler."""
+
+    def _wait_stopping(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever) for stop() or :meth:`_end_run`;
+        True once either came."""
+
+    def _fatal_error(self) -> BaseException | None:
+        """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
+
+
+def positive_seconds(name: str, value: object) -> float | None:
+    """None, or seconds > 0 from a number or a timedelta; ConfigError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be seconds > 0 (or a timedelta), got {value!r}")
+    return float(value)
+
+
+def positive_int(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class _Admission:
+    """Counts messages handled (lock-free: ``next()`` on an itertools.count is atomic) and
+    refuses every one after the first ``limit``.
+
+    The call that takes the last place pauses the consumer (RDY 0) at once: the messages refused
+    after it are requeued with no delay, and an nsqd that still had credit would hand them
+    straight back, again and again, each time one attempt more.
+    """
+
+    def __init__(self, limit: int | None, on_reached: Callable[[], object]) -> None:
+        self.limit = limit
+        self.on_reached = on_reached
+        self._calls = itertools.count()
+        self.reached = False
+
+    def __call__(self, message: Message) -> bool:
+        n = next(self._calls)
+        if self.limit is None:
+            return True
+        if n + 1 == self.limit:
+            self.reached = True
+            self.on_reached()
+        return n < self.limit
+
+    def admitted(self) -> int:
+        """Calls admitted so far (call once, at the end: it counts itself)."""
+        calls = next(self._calls)
+        return calls if self.limit is None else min(calls, self.limit)
+
+
+def run_to_end(
+    runnable: Runnable,
+    *,
+    timeout: Any = None,
+    idle_timeout: Any = None,
+    max_messages: Any = None,
+    stop: Callable[[], object] | None = None,
+) -> RunSummary:
+    """Start ``runnable``, block until an end (listed in :meth:`Consumer.run
+    <nsq_sync.consumer.Consumer.run>`), stop it gracefully.
+
+    Args:
+        runnable: what runs (a Consumer or a BatchConsumer).
+        timeout, idle_timeout: seconds (or timedelta) > 0, or None for no such end.
+        max_messages: handler calls, or None.
+        stop: what stops it at the end (default: ``runnable.stop``).
+
+    Raises:
+        Stopped: in a forked child of the process that started ``runnable`` (before anything).
+        ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
+        SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
+    """
+    runnable._check_process()  # first: a lock a parent's thread held at the fork stays held
+    run_for = positive_seconds("timeout", timeout)
+    idle_for = positive_seconds("idle_timeout", idle_timeout)
+    limit = positive_int("max_messages", max_messages)
+    stop = stop or runnable.stop
+
+    began = time.monotonic()
+    before = runnable.stats()
+    admission = _Admission(limit, on_reached=runnable._pause)
+    runnable._set_admit(admission)
+    if limit is not None:
+        runnable._set_budget(limit)
+    signalled: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        runnable.log.info("signal %d received; stopping", signum)
+        signalled.append(signum)
+        runnable._end_run()
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    reason = "stopped"
+    try:
+        runnable.start()
+        poll = None
+        if idle_for is not None or limit is not None:
+            poll = POLL if idle_for is None else min(POLL, idle_for / 10)
+        deadline = None if run_for is None else began + run_for
+        idle_since: float | None = None
+        received = -1
+        while True:
+            now = time.monotonic()
+            wait = poll
+            if deadline is not None:
+                if now >= deadline:
+                    reason = "timeout"
+                    break
+                wait = deadline - now if wait is None else min(wait, deadline - now)
+            # signals interrupt the wait on POSIX; a signal or stop() ends it
+            if runnable._wait_stopping(wait):
+                reason = "signal" if signalled else "stopped"
+                break
+            if admission.reached:
+                reason = "max_messages"
+                break
+            if idle_for is not None:
+                credit, _, count = runnable._credit()
+                credit_open = credit > 0 or runnable._nothing_to_consume()
+                now = time.monotonic()
+                if count != received or not credit_open:
+                    received = count
+                    idle_since = now if credit_open else None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= idle_for:
+                    reason = "idle"
+                    break
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop()
+    fatal = runnable._fatal_error()
+    if fatal is not None:
+        raise fatal
+    after = runnable.stats()
+    summary = RunSummary(
+        handled=admission.admitted(),
+        finished=after.finished - before.finished,
+        requeued=after.requeued - before.requeued,
+        failed=after.failed - before.failed,
+        gave_up=after.gave_up - before.gave_up,
+        elapsed=time.monotonic() - began,
+        reason=reason,
+        dead_lettered=after.dead_lettered - before.dead_lettered,
+    )
+    runnable.log.info("run ended (%s): %s", reason, summary)
+    return summary

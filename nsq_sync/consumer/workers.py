@@ -1,0 +1,499 @@
+"""The dispatch queue and worker pool: runs handlers, answers for them, enforces max_attempts.
+
+Reader tasks hand over each read's messages at once (:meth:`WorkerPool.submit_many`): they join
+one deque, and one wake-up token per worker that may be needed goes on the queue. A worker that
+takes a token runs handlers until the deque is empty, so a busy pool costs one queue round trip
+per batch rather than per message, while idle workers still share a batch. For each message the
+worker calls ``handler(message)``:
+
+* the handler returns → FIN (unless it called ``message.enable_async()`` or already answered);
+* it raises :class:`~nsq_sync.errors.RequeueMessage` → REQ with the delay and backoff it chose;
+* it raises anything else → the error is logged with its traceback and the message is requeued
+  with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
+  failure for backoff — unless this was attempt ``max_attempts``, or the error is
+  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``);
+* it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
+  ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
+  goes on answering until it is stopped.
+
+The handler does not run for a message whose connection closed before it started (skipped:
+nsqd redelivers it), one taken once the consumer is stopping or refused by ``run()``'s gate
+(requeued at once, no delay), or one delivered with ``attempts > max_attempts`` (max_attempts
+lowered, or requeued explicitly by the application: it goes straight to the give-up handler).
+Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
+
+Messages whose handler returned are finished in batches (``finish_many``): workers put them on
+one deque of held FINs and write it out when it holds ``FIN_BATCH`` messages or when they run out of
+messages, so a busy consumer writes many FINs per system call. The ``backstop`` (the consumer's
+flusher) is armed whenever a handler starts while FINs are held, and writes them out within
+``FIN_HOLD`` seconds if no worker did: a handler that runs long never holds back the FINs of the
+messages before it. A consumer that is not busy writes each FIN as soon as its handler returns.
+
+A BatchConsumer's pool runs no handler: its worker hands the messages that pass the same checks
+(not stale, not refused, not past max_attempts) to the open batch a list at a time
+(``WorkerPool.collect``), and the batch answers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from nsq_sync import process as _fork
+from nsq_sync.errors import ConfigError, DeadLetter, RequeueMessage
+from nsq_sync.message import Message
+from nsq_sync.runtime import Runtime, Task
+
+Handler = Callable[[Message], Any]
+GiveUpHandler = Callable[[Message], Any]
+
+_STOP = object()
+_WAKE = object()
+#: FINs held back before a worker writes them (one system call for all)
+FIN_BATCH = 512
+#: longest a FIN is held back while a handler runs, in seconds (enforced by the backstop)
+FIN_HOLD = 0.002
+
+
+class Backstop(Protocol):
+    """Writes held FINs within ``FIN_HOLD`` seconds when no worker does (the consumer's
+    :class:`~nsq_sync.consumer.flusher.Flusher`)."""
+
+    #: True while armed. Workers read it before every handler that starts while FINs are held
+    #: and call :meth:`watch` only when it is False: an attribute read per message, not a call.
+    watching: bool
+
+    def watch(self) -> None:
+        """Arm: make sure the held FINs are written within ``FIN_HOLD`` seconds."""
+
+
+class DeadLetterHook(Protocol):
+    """Publishes given-up messages to the dead-letter topic (nsq_sync.consumer.dead_letters)."""
+
+    def __call__(self, message: Message, error: BaseException | None) -> bool:
+        """True when nsqd acknowledged the envelope; False when the message was requeued
+        instead (logged). Never raises an Exception."""
+
+    def close(self, timeout: float) -> None:
+        """Release its connections (the workers have stopped)."""
+
+
+def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    """The default give-up handler: a WARNING with the id, attempts and body size."""
+    logger.warning(
+        "giving up on message %s after %d attempts (%d bytes); finishing it",
+        message.id.decode("ascii", "replace"),
+        message.attempts,
+        len(message.body),
+    )
+
+
+def ends_task(exc: BaseException) -> bool:
+    """True for what ends the task it is raised in rather than failing one message:
+    SystemExit and KeyboardInterrupt (the consumer stops; run() re-raises them) and gevent's
+    GreenletExit (the greenlet is being killed, e.g. in a forked child). Anything else a
+    handler raises (an Exception, a gevent.Timeout, any other BaseException) fails that
+    message only: it is requeued or given up, and the worker goes on."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return True
+    greenlet = sys.modules.get("greenlet")  # (never imported here: gevent's, if loaded)
+    return greenlet is not None and isinstance(exc, greenlet.GreenletExit)
+
+
+def _requeue_unanswered(messages: list[Message]) -> None:
+    """Requeue at once (no delay, no backoff: not the messages' fault) each one still
+    unanswered."""
+    for message in messages:
+        if not message.has_responded:
+            message.requeue(0.0, backoff=False)
+
+
+class WorkerPool:
+    """``concurrency`` tasks running handlers from one queue. ``submit``/``submit_many`` are
+    thread-safe.
+
+    Args:
+        runtime: threads or gevent.
+        handler: the user's message handler.
+        concurrency: number of workers.
+        max_attempts: 0 for unlimited.
+        giving_up: called with a message that used up its attempts (before it is finished).
+        log: logger (a per-subscription adapter).
+        is_stale: True for a message whose connection closed before it started (nsqd
+            redelivers it; running it would only produce a duplicate). Default: its
+            connection is closed.
+        on_skip: called for such a stale message.
+        on_gave_up: called after the give-up handler took a message.
+        on_fatal: called (on the worker) with a SystemExit/KeyboardInterrupt a handler raised,
+            after its message was requeued.
+        on_failed: called when the handler raised (RequeueMessage aside).
+        finish_many: finishes messages whose handler returned (already marked answered), in
+            order; None finishes each with ``message.finish()`` at once.
+        backstop: armed when a worker starts a handler while FINs are held; it must make
+            sure :meth:`flush_held` runs within ``FIN_HOLD`` seconds (workers also call it
+            whenever they run out of messages).
+        dead_letter: publishes a given-up message to the dead-letter topic (None: no topic).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        handler: Handler,
+        *,
+        concurrency: int,
+        max_attempts: int,
+        giving_up: GiveUpHandler | None,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        is_stale: Callable[[Message], bool] = operator.attrgetter("_conn.closed"),
+        on_skip: Callable[[Message], None],
+        on_gave_up: Callable[[Message], None],
+        finish_many: Callable[[list[Message]], None] | None = None,
+        backstop: Backstop | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        on_failed: Callable[[Message], None] | None = None,
+        dead_letter: DeadLetterHook | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.handler = handler
+        self.concurrency = concurrency
+        self.max_attempts = max_attempts
+        self.giving_up = giving_up
+        self.log = log
+        self.is_stale = is_stale
+        self.on_skip = on_skip
+        self.on_gave_up = on_gave_up
+        self.finish_many = finish_many
+        self.backstop = backstop
+        self.on_fatal = on_fatal
+        self.on_failed = on_failed
+        self.dead_letter = dead_letter
+        #: called before each message is handled (handler call or give-up); False: it is not,
+        #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
+        self.admit: Callable[[Message], bool] | None = None
+        #: set by BatchConsumer before the workers start: the messages a worker takes go to it
+        #: in lists, after the same checks as a handler's (stale, refused, past max_attempts);
+        #: the handler is not called (see :meth:`_collect_work`; in order with one worker, as
+        #: BatchConsumer has)
+        self.collect: Callable[[list[Message]], None] | None = None
+        self.queue: Any = runtime.queue()  # wake-up tokens (and _STOP)
+        # deques: append and popleft are atomic, so workers and the flusher share them lock-free
+        self._messages: deque[Message] = deque()
+        self.held: deque[Message] = deque()  # handled, FIN not written yet
+        self.tasks: list[Task] = []
+        #: set when the consumer stops: messages not started yet are requeued, not handled
+        self.stopping = False
+
+    def start(self, name: str) -> None:
+        for i in range(self.concurrency):
+            self.add_task(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
+
+    def add_task(self, task: Task) -> None:
+        """Count ``task`` among the pool's (BatchConsumer's batch task): :meth:`stop` joins it
+        with the workers, and a ``stop()`` called on it is known to be on a handler's task."""
+        self.tasks.append(task)
+
+    def flush_held(self) -> None:
+        """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
+        popleft = self.held.popleft
+        batch: list[Message] = []
+        while True:
+            try:
+                batch.append(popleft())
+            except IndexError:
+                break
+        if batch and self.finish_many is not None:
+            try:
+                self.finish_many(batch)
+            except Exception:
+                self.log.exception("finishing %d message(s) failed", len(batch))
+
+    def submit(self, message: Message) -> None:
+        self.submit_many([message])
+
+    def submit_many(self, messages: list[Message]) -> None:
+        """Queue messages in order; wakes as many workers as could share them."""
+        self._messages.extend(messages)
+        put = self.queue.put
+        for _ in range(min(len(messages), self.concurrency)):
+            put(_WAKE)
+
+    def queued(self) -> int:
+        """Messages queued and not started yet."""
+        return len(self._messages)
+
+    def drain(self) -> list[Message]:
+        """Remove and return every message queued but not started."""
+        drained: list[Message] = []
+        popleft = self._messages.popleft
+        while True:
+            try:
+                drained.append(popleft())
+            except IndexError:
+                return drained
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the workers to exit after their current message; True if all did in time. Then
+        closes the dead-letter hook's connections."""
+        deadline = time.monotonic() + timeout
+        for _ in self.tasks:
+            self.queue.put(_STOP)
+        alive = False
+        for task in self.tasks:
+            task.join(timeout)
+            alive = alive or task.is_alive()
+        if self.dead_letter is not None:
+            self.dead_letter.close(max(0.1, deadline - time.monotonic()))
+        return not alive
+
+    def _work(self) -> None:
+        if self.collect is not None:
+            self._collect_work(self.collect)
+            return
+        get = self.queue.get
+        popleft = self._messages.popleft
+        process = self._process
+        held = self.held
+        backstop = self.backstop
+        message: Message | None = None
+        try:
+            while get() is not _STOP:
+                while True:
+                    try:
+                        message = popleft()
+                    except IndexError:
+                        break
+                    if held and backstop is not None and not backstop.watching:
+                        backstop.watch()  # FINs held while another handler runs: arm it
+                    try:
+                        to_finish = process(message)
+                    except BaseException as exc:  # the message was answered (or requeued)
+                        self._failed(exc, message)
+                        continue
+                    if to_finish:
+                        held.append(message)
+                        if len(held) >= FIN_BATCH:
+                            self.flush_held()
+                if held:  # out of messages: nothing waits for a batch to fill
+                    self.flush_held()
+        except BaseException:  # what _failed let through: end this worker
+            self._stopped_by(message)
+        finally:
+            self.flush_held()
+
+    def _collect_work(self, collect: Callable[[list[Message]], None]) -> None:
+        """A worker for a handler that only collects (BatchConsumer's): each wake-up, every
+        queued message that passes :meth:`_screen` is marked async (its batch answers it) and
+        goes to ``collect`` in one list, in order; before a message that is past max_attempts,
+        what was admitted so far goes first (its give-up may wait on a dead-letter publish).
+        Per message it costs the checks and an append instead of a handler call. What the
+        checks or ``collect`` raise is handled as in :meth:`_work`; a message taken and not
+        collected is requeued at once, never left in flight."""
+        get = self.queue.get
+        popleft = self._messages.popleft
+        screen = self._screen
+        max_attempts = self.max_attempts
+        message: Message | None = None
+        admitted: list[Message] = []
+        try:
+            while get() is not _STOP:
+                while True:
+                    try:
+                        message = popleft()
+                    except IndexError:
+                        break
+                    if admitted and 0 < max_attempts < message.attempts:
+                        admitted = self._hand_over(collect, admitted)
+                    try:
+                        if screen(message):
+                            message._async = True
+                            admitted.append(message)
+                    except BaseException as exc:
+                        self._failed(exc, message)
+                if admitted:
+                    admitted = self._hand_over(collect, admitted)
+        except BaseException:  # what _failed let through: end this worker
+            self._stopped_by(message)
+        finally:
+            _requeue_unanswered(admitted)  # taken, never collected: not left in flight
+
+    def _hand_over(
+        self, collect: Callable[[list[Message]], None], admitted: list[Message]
+    ) -> list[Message]:
+        """``collect(admitted)``, and a new list for the next ones. If it raises, every message
+        of ``admitted`` still unanswered is requeued at once, and the error is handled as a
+        handler's (:meth:`_failed`)."""
+        try:
+            collect(admitted)
+        except BaseException as exc:
+            _requeue_unanswered(admitted)
+            self._failed(exc, f"a hand-over of {len(admitted)} message(s), requeued")
+        return []
+
+    def _failed(self, exc: BaseException, what: object) -> None:
+        """A worker's one step (``what``: a message, or a hand-over) raised ``exc``, after its
+        messages were answered: an Exception is logged and the worker goes on; SystemExit or
+        KeyboardInterrupt goes to ``on_fatal`` (the consumer stops, run() re-raises it);
+        anything else, or either of those without ``on_fatal``, is raised again: it ends the
+        worker. Call it from the ``except`` clause."""
+        if isinstance(exc, Exception):  # never let a worker die silently
+            self.log.exception("worker failed while processing %r", what)
+        elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and self.on_fatal is not None:
+            self.on_fatal(exc)
+        else:
+            raise exc
+
+    def _stopped_by(self, message: Message | None) -> None:
+        """Log what ends a worker (call it from the ``except`` clause)."""
+        self.log.error(
+            "worker stopped by %r while processing %r", sys.exc_info()[1], message, exc_info=True
+        )
+
+    def _screen(self, message: Message) -> bool:
+        """True when ``message`` is to be handled; else it was answered here: skipped (its
+        connection closed), requeued (the consumer is stopping, or run()'s gate refused it) or
+        given up (past max_attempts)."""
+        if self.is_stale(message):
+            self.on_skip(message)
+            return False
+        if self.stopping or (self.admit is not None and not self.admit(message)):
+            message.requeue(0.0, backoff=False)
+            return False
+        if 0 < self.max_attempts < message.attempts:
+            self.give_up(message)
+            return False
+        return True
+
+    def _process(self, message: Message) -> bool:
+        """Run one message; True when it is to be finished by the caller (handler returned)."""
+        if not self._screen(message):
+            return False
+        try:
+            self.handler(message)
+        except RequeueMessage as req:
+            if not message.has_responded:
+                try:
+                    message.requeue(req.delay, req.backoff)
+                except ConfigError:
+                    self.log.exception("RequeueMessage with a bad delay; requeueing %r", message)
+                    message.requeue(None, req.backoff)
+            return False
+        except BaseException as exc:
+            if ends_task(exc):
+                # this worker ends (or the consumer stops), but the message must not be left
+                # in flight until nsqd's timeout
+                if not message.has_responded:
+                    message.requeue(0.0, backoff=False)
+                raise
+            if self.on_failed is not None:
+                self.on_failed(message)
+            if message.has_responded:
+                self.log.exception("handler failed after answering message %r", message)
+                return False
+            if isinstance(exc, DeadLetter):
+                self.log.warning("handler gave up on message %r: %s", message, exc)
+            elif self._last_attempt(message):
+                self.log.exception(
+                    "handler failed on message %r (attempt %d of %d)",
+                    message,
+                    message.attempts,
+                    self.max_attempts,
+                )
+            else:
+                self.log.exception(
+                    "handler failed on message %r (attempt %d); requeueing",
+                    message,
+                    message.attempts,
+                )
+            self.requeue_or_give_up(message, exc)
+            return False
+        if message._async:
+            return False
+        if self.finish_many is None:
+            message.finish()
+            return False
+        # An application thread may be answering it right now: the first answer wins; claimed,
+        # it is finished with the worker's next batch (Message._claim(None), inline: once per
+        # message on the worker's hot path). acquire()/release(), not `with`: `with` costs
+        # ~1k instructions more (its __enter__/__exit__ lookups and calls), 7 % of what a
+        # consumed message costs. The price: an exception raised into this task just as
+        # acquire() returns would leave the lock held. Only a KeyboardInterrupt or SystemExit
+        # from a signal handler can do that, and only under gevent (worker threads receive no
+        # signals) with start() rather than run(), which handles SIGINT without raising.
+        lock = _fork.claim_lock
+        lock.acquire()
+        if message._responded:
+            lock.release()
+            return False
+        message._responded = True
+        lock.release()
+        return True
+
+    def _last_attempt(self, message: Message) -> bool:
+        return 0 < self.max_attempts <= message.attempts
+
+    def requeue_or_give_up(self, message: Message, error: BaseException) -> None:
+        """The handler failed on ``message`` (unanswered) with ``error``: give it up after
+        :class:`~nsq_sync.errors.DeadLetter` or on its last attempt, else requeue it with the
+        delay policy and backoff. BatchConsumer calls it for each message of a failed batch."""
+        if isinstance(error, DeadLetter) or self._last_attempt(message):
+            self.give_up(message, error)
+        else:
+            message.requeue()
+
+    def give_up(self, message: Message, error: BaseException | None = None) -> None:
+        """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
+        handler raised: nothing is lost).
+
+        With a dead-letter topic, in this order: publish the envelope (``error``: the handler's
+        exception, None when it had none); then, only once nsqd acknowledged it, the give-up
+        handler; then FIN. A publish that fails requeues the message with backoff instead (no
+        give-up handler, no FIN). A give-up handler that raises after the publish is logged
+        and the message still finished: it is safe in the dead-letter topic, and a requeue
+        would dead-letter it twice."""
+        if self.dead_letter is not None:
+            self._dead_letter(message, error)
+            return
+        try:
+            if self.giving_up is not None:
+                self.giving_up(message)
+            else:
+                log_giving_up(message, self.log)
+        except BaseException as exc:
+            # The give-up handler failed: requeue rather than lose the message (and let what
+            # ends the task end it: see ends_task).
+            self.log.exception("giving_up handler failed for %r; requeueing it", message)
+            if not message.has_responded:
+                message.requeue(backoff=False)
+            if ends_task(exc):
+                raise
+            return
+        self.on_gave_up(message)
+        if not message.has_responded:
+            message.finish()
+
+    def _dead_letter(self, message: Message, error: BaseException | None) -> None:
+        assert self.dead_letter is not None
+        if not self.dead_letter(message, error):
+            return  # requeued with backoff (logged): given up again at its next delivery
+        ending: BaseException | None = None
+        if self.giving_up is not None:
+            try:
+                self.giving_up(message)
+            except BaseException as exc:
+                self.log.exception(
+                    "giving_up handler failed for %r (it is in the dead-letter topic: "
+                    "finishing it)",
+                    message,
+                )
+                if ends_task(exc):
+                    ending = exc
+        self.on_gave_up(message)
+        if not message.has_responded:
+            message.finish()
+        if ending is not None:
+            raise ending

@@ -1,0 +1,208 @@
+"""The seam between the clients and the metrics/tracing backends of :mod:`nsq_sync.metrics`.
+
+Nothing here imports a backend, and nothing is installed until the application calls
+``nsq_sync.metrics.enable_prometheus()`` or ``enable_otel()``. Until then the clients pay one
+``is None`` check where events already happen in batches:
+
+* a consumer's :class:`~nsq_sync.consumer.connections.ConnectionSet` has an :attr:`observer` (None while off)
+  that it tells about each read's messages, each batch of FINs, each REQ, RDY change, connection
+  and failure count, under its lock (so gauges it sets follow one consumer's order);
+* a consumer's handler (or a BatchConsumer's batch handler) is wrapped once, when metrics are on,
+  by :meth:`ConsumerObserver.wrap_handler` (handler duration, the process span): the worker loop
+  has no metrics code;
+* a Producer reads :data:`publisher` once per publish call (None while off).
+
+Every counter is incremented where its event happens (prometheus_client's multiprocess mode
+supports no custom collectors that read state at scrape time). Backends may be combined
+(Prometheus and OpenTelemetry at once): the observers fan out.
+
+Consumers started before a backend was enabled are attached to it as well: the consumers that
+started register here (weakly) and :func:`install` gives each its new observer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "Backend",
+    "ConsumerObserver",
+    "Observed",
+    "PublishObserver",
+    "consumer_observer",
+    "install",
+    "publisher",
+    "track",
+]
+
+#: what a send function returns: the nsqd address that acknowledged the publish
+Send = Callable[[Sequence[bytes]], str]
+
+
+class ConsumerObserver(Protocol):
+    """One consumer's (topic, channel) view of a backend. Called under the consumer's lock
+    except :meth:`wrap_handler`'s wrappers, which run on workers; must not block."""
+
+    def received(self, nsqd: str, n: int, in_flight: int) -> None:
+        """``n`` messages arrived from ``nsqd``; ``in_flight`` are now in flight there."""
+
+    def answered(self, what: str, nsqd: str, n: int, in_flight: int) -> None:
+        """``n`` messages were ``what`` ("finished" or "requeued") on ``nsqd``."""
+
+    def counted(self, what: str, n: int) -> None:
+        """``n`` more messages ``what``: "failed", "gave_up" or "dead_lettered"."""
+
+    def rdy(self, nsqd: str, count: int) -> None:
+        """RDY ``count`` was sent to ``nsqd``."""
+
+    def connection(self, nsqd: str, up: bool) -> None:
+        """The connection to ``nsqd`` was subscribed (``up``) or closed."""
+
+    def backoff(self, level: int) -> None:
+        """The consumer's backoff level is now ``level`` (0: not backing off)."""
+
+    def wrap_handler(self, handler: Callable[[Any], Any], batch: bool) -> Callable[[Any], Any]:
+        """``handler`` (a message handler, or with ``batch`` a batch handler), timed and
+        traced."""
+        ...
+
+
+class PublishObserver(Protocol):
+    """A backend's view of every Producer of the process."""
+
+    def publish(self, op: str, topic: str, bodies: Sequence[bytes], send: Send) -> None:
+        """Publish through ``send(bodies)`` (which may get other bodies: a trace envelope),
+        recording its duration and outcome; re-raise what ``send`` raises. ``op``: "PUB",
+        "MPUB" or "DPUB"."""
+
+
+class Backend(Protocol):
+    """What :mod:`nsq_sync.metrics` installs: Prometheus or OpenTelemetry."""
+
+    def consumer(self, topic: str, channel: str) -> ConsumerObserver: ...
+
+    def publisher(self) -> PublishObserver: ...
+
+
+class Observed(Protocol):
+    """A started consumer (:func:`track`): gets its observer again when a backend is added."""
+
+    topic: str
+    channel: str
+
+    def _observe(self, observer: ConsumerObserver | None) -> None: ...
+
+
+#: the installed backends, in the order they were enabled
+_backends: list[Backend] = []
+#: every Producer reads this once per publish: None while no backend is installed
+publisher: PublishObserver | None = None
+#: started consumers (weakly held), given a new observer when a backend is added
+_tracked: weakref.WeakSet[Any] | None = None
+
+
+def install(backend: Backend) -> None:
+    """Add ``backend``: producers use it from their next publish, and every started consumer
+    gets a new observer at once. Call from one thread at a time (``nsq_sync.metrics`` does)."""
+    global publisher
+    _backends.append(backend)
+    publisher = _fan_publishers([b.publisher() for b in _backends])
+    for consumer in list(_tracked or ()):
+        consumer._observe(consumer_observer(consumer.topic, consumer.channel))
+
+
+def uninstall_all() -> None:
+    """Remove every backend (tests; consumers keep observers they already have until told)."""
+    global publisher
+    _backends.clear()
+    publisher = None
+    for consumer in list(_tracked or ()):
+        consumer._observe(None)
+
+
+def consumer_observer(topic: str, channel: str) -> ConsumerObserver | None:
+    """The observer for a consumer of ``topic``/``channel``; None when no backend is installed."""
+    if not _backends:
+        return None
+    observers = [b.consumer(topic, channel) for b in _backends]
+    return observers[0] if len(observers) == 1 else _FanoutConsumer(observers)
+
+
+def track(consumer: Observed) -> None:
+    """Remember a started consumer (weakly) and give it its observer now."""
+    global _tracked
+    if _tracked is None:
+        _tracked = weakref.WeakSet()
+    _tracked.add(consumer)
+    consumer._observe(consumer_observer(consumer.topic, consumer.channel))
+
+
+def _fan_publishers(observers: list[PublishObserver]) -> PublishObserver | None:
+    if not observers:
+        return None
+    return observers[0] if len(observers) == 1 else _FanoutPublisher(observers)
+
+
+class _FanoutConsumer:
+    """Several backends' consumer observers as one."""
+
+    def __init__(self, observers: list[ConsumerObserver]) -> None:
+        self.observers = observers
+
+    def received(self, nsqd: str, n: int, in_flight: int) -> None:
+        for o in self.observers:
+            o.received(nsqd, n, in_flight)
+
+    def answered(self, what: str, nsqd: str, n: int, in_flight: int) -> None:
+        for o in self.observers:
+            o.answered(what, nsqd, n, in_flight)
+
+    def counted(self, what: str, n: int) -> None:
+        for o in self.observers:
+            o.counted(what, n)
+
+    def rdy(self, nsqd: str, count: int) -> None:
+        for o in self.observers:
+            o.rdy(nsqd, count)
+
+    def connection(self, nsqd: str, up: bool) -> None:
+        for o in self.observers:
+            o.connection(nsqd, up)
+
+    def backoff(self, level: int) -> None:
+        for o in self.observers:
+            o.backoff(level)
+
+    def wrap_handler(self, handler: Callable[[Any], Any], batch: bool) -> Callable[[Any], Any]:
+        for o in reversed(self.observers):  # the first backend's wrapper is the outermost
+            handler = o.wrap_handler(handler, batch)
+        return handler
+
+
+class _FanoutPublisher:
+    """Several backends' publish observers as one: each wraps the next one's send."""
+
+    def __init__(self, observers: list[PublishObserver]) -> None:
+        self.observers = observers
+
+    def publish(self, op: str, topic: str, bodies: Sequence[bytes], send: Send) -> None:
+        for o in reversed(self.observers[1:]):
+            send = _wrapped(o, op, topic, send)
+        self.observers[0].publish(op, topic, bodies, send)
+
+
+def _wrapped(observer: PublishObserver, op: str, topic: str, send: Send) -> Send:
+    def call(bodies: Sequence[bytes]) -> str:
+        address = ""
+
+        def inner(b: Sequence[bytes]) -> str:
+            nonlocal address
+            address = send(b)
+            return address
+
+        observer.publish(op, topic, bodies, inner)
+        return address
+
+    return call

@@ -1,0 +1,348 @@
+"""Requests matched to answers on one nsqd connection: the producer's request/response machinery.
+
+:class:`RequestsMixin` is a part of :class:`nsq_sync.wire.connection.NsqdConnection`, kept apart
+because it is used in both of the connection's modes. nsqd answers commands in order, so
+:meth:`~RequestsMixin.request` keeps a FIFO of waiters: response *n* belongs to request *n*.
+
+* **With a reader task** (a consumer connection): the reader decodes every frame and hands
+  responses and error frames to :meth:`~RequestsMixin._on_response` / ``_on_error``, which
+  answer the oldest waiter (or pass the frame to the connection's handler when nobody waits).
+* **Without one** (the producer): whoever calls :meth:`~RequestsMixin.request` while nobody is
+  reading takes the *reading role*, reads answers for every waiting request in order, and hands
+  the role to the next waiter once its own answer arrived.
+
+Non-fatal errors (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) answer fire-and-forget commands
+and are never matched to a waiter.
+
+A mixin rather than an object the connection owns: :meth:`~RequestsMixin.request` is the
+publish hot path, and a delegating call would add a Python call to every publish.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+from nsq_sync.errors import (
+    ConnectionClosed,
+    NSQConnectionError,
+    ReadTimeout,
+    RemoteProtocolError,
+    ServerError,
+)
+from nsq_sync.protocol import commands
+from nsq_sync.protocol.constants import OK
+from nsq_sync.protocol.decoder import EOF, NEED_DATA, FrameDecoder
+from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, Response
+from nsq_sync.runtime import Runtime, Task
+from nsq_sync.wire.handshake import server_error
+from nsq_sync.wire.transport import Transport
+
+if TYPE_CHECKING:
+    from nsq_sync.wire.connection import ConnectionHandler, NsqdConnection
+
+# nsqd's answer to a publish, as a whole frame: size 6, frame type 0 (response), "OK"
+_OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00" + OK
+
+
+class NotSent(ConnectionClosed):
+    """The command certainly did not take effect (safe to send elsewhere): the connection was
+    closed before it was written, or nsqd closed it after a fatal error to an earlier command
+    (nsqd executes nothing after such an error)."""
+
+
+class _Waiter:
+    """One request waiting for its answer. ``event`` exists only when the requester waits for
+    another task to read its answer; ``reader`` is set when it is handed the reading role."""
+
+    __slots__ = ("event", "result", "error", "done", "reader", "abandoned")
+
+    def __init__(self) -> None:
+        self.event: Any = None
+        self.result: bytes = b""
+        self.error: BaseException | None = None
+        self.done = False
+        self.reader = False
+        self.abandoned = False
+
+
+class RequestsMixin:
+    """The request/answer part of :class:`~nsq_sync.wire.connection.NsqdConnection`.
+
+    The connection's ``__init__`` calls :meth:`_init_requests`; the attributes annotated below
+    are the connection's, which this part reads (and ``closed``/``close_error``, which it sets
+    when the connection breaks under a request).
+    """
+
+    # the connection's state, set by NsqdConnection.__init__ / connect()
+    address: str
+    runtime: Runtime
+    handler: ConnectionHandler | None
+    log: logging.LoggerAdapter[logging.Logger]
+    closed: bool
+    close_error: BaseException | None
+    _transport: Transport | None
+    _decoder: FrameDecoder
+    _reader: Task | None
+    _close_transport: Callable[[], None]
+
+    def _init_requests(self) -> None:
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._request_lock = self.runtime.lock()
+        self._reading = False  # no reader task: a requester holds the reading role
+
+    # ------------------------------------------------------------------ answers
+
+    def _on_response(self, data: bytes) -> None:
+        if self._waiters:
+            self._answer(data, None)
+        elif self.handler is not None:
+            self.handler.on_response(cast("NsqdConnection", self), data)
+
+    def _on_error(self, error: BaseException) -> None:
+        fatal = getattr(error, "fatal", True)
+        if fatal and self._waiters:
+            self._answer(b"", error)
+            if self._reader is None:
+                # nsqd executes nothing after a fatal error and closes the connection: the
+                # requests behind this one certainly did not take effect (safe to send again).
+                self._close_transport()
+                self._fail_waiters(
+                    NotSent(
+                        "nsqd closed the connection after a fatal error; this command was not "
+                        "executed",
+                        self.address,
+                    )
+                )
+        elif self.handler is not None and isinstance(error, ServerError):
+            self.handler.on_error(cast("NsqdConnection", self), error)
+        else:
+            self.log.error("error from nsqd: %s", error)
+
+    def _answer(self, data: bytes, error: BaseException | None) -> None:
+        # Only the task holding the reading role pops; requesters append under _request_lock.
+        waiter = self._waiters.popleft()
+        waiter.result = data
+        waiter.error = error
+        waiter.done = True
+        if waiter.event is not None:
+            waiter.event.set()
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        with self._request_lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.error = error
+                waiter.done = True
+                if waiter.event is not None:
+                    waiter.event.set()
+
+    # ------------------------------------------------------------------ requests
+
+    def request(self, data: bytes, timeout: float) -> bytes:
+        """Write a command and wait for *its* response (OK, or an error frame). Thread-safe;
+        many threads may pipeline requests on one connection.
+
+        A timeout abandons only this request: the connection stays up, and the answer, if it
+        comes, is matched to this request (FIFO) and dropped. A write that fails (or times out)
+        closes the connection and fails every request waiting on it: a torn command would leave
+        the answers out of step with the requests.
+
+        Raises:
+            ServerError: nsqd answered with a (fatal) error frame for this command.
+            NotSent: the connection was closed before anything was written (nothing reached nsqd).
+            ReadTimeout: no answer within ``timeout`` seconds (the outcome is unknown).
+            ConnectionClosed / NSQConnectionError: the connection broke before the answer (the
+                outcome is unknown).
+        """
+        # The common case, a request alone on its connection (no reader task, nobody reading,
+        # no answer outstanding), takes the reading role without a waiter: the next answer on
+        # the wire is its own. Requests that come meanwhile queue their waiters behind it, and
+        # it makes itself one (_own_waiter) before it hands out anything but its own lone OK.
+        waiter: _Waiter | None = None
+        lock = self._request_lock
+        with lock:
+            transport = self._transport
+            if self.closed or transport is None:
+                raise NotSent("connection is closed", self.address, by_server=False)
+            if self._reader is None and not self._reading and not self._waiters:
+                self._reading = True
+            else:
+                waiter = _Waiter()
+                if self._reader is not None or self._reading:
+                    waiter.event = self.runtime.signal()
+                else:
+                    self._reading = waiter.reader = True
+                self._waiters.append(waiter)
+            # request order == write order: both are decided under _request_lock
+            first = transport.enqueue(data)
+        if first is not None:
+            try:
+                transport.drain(first)
+            except ConnectionClosed:
+                # nsqd closed or reset the connection (typically right after a fatal error
+                # frame). Answers it sent before that may still be unread: stop writing, but
+                # let whoever holds the reading role deliver them; it fails the rest at EOF.
+                self.closed = True
+            except BaseException as exc:
+                # A torn write: the connection is unusable, and every request waiting on it
+                # fails (their bytes may or may not have reached nsqd).
+                self._torn(exc)
+                raise
+        deadline = time.monotonic() + timeout
+        if waiter is not None and not waiter.reader:
+            try:
+                waiter.event.wait(timeout)
+            except BaseException:
+                # Interrupted (a gevent.Timeout around the call, a KeyboardInterrupt): give up
+                # as a timeout would, or the reading role could be handed to a waiter nobody
+                # waits on, and nobody would read this connection again.
+                self._abandon(waiter)
+                raise
+            if not waiter.done and not waiter.reader:
+                with lock:
+                    if not waiter.done and not waiter.reader:
+                        waiter.abandoned = True
+                        raise ReadTimeout(f"no answer from nsqd within {timeout} s", self.address)
+            if not waiter.reader:
+                if waiter.error is not None:
+                    raise waiter.error
+                return waiter.result
+        return self._read_answers(waiter, deadline)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """``waiter``'s requester stops waiting: the next reader drops its answer; a reading
+        role handed to it meanwhile goes on to the next waiter."""
+        with self._request_lock:
+            waiter.abandoned = True
+            handed = waiter.reader
+        if handed:
+            self._pass_reading_role()
+
+    def _own_waiter(self) -> _Waiter:
+        """A request that took the reading role alone gets its waiter, at the front (its
+        answer comes first on the wire): from now on the answers are matched in order."""
+        waiter = _Waiter()
+        waiter.reader = True
+        with self._request_lock:
+            self._waiters.appendleft(waiter)
+        return waiter
+
+    def _read_answers(self, waiter: _Waiter | None, deadline: float) -> bytes:
+        """Holding the reading role: read until this request is answered, pass the role on and
+        return the answer (or raise it). ``waiter`` None: the request took the role alone, so
+        the first answer is its own."""
+        transport = self._transport
+        assert transport is not None
+        decoder = self._decoder
+        try:
+            if (waiter is None or not waiter.done) and not decoder.buffered:
+                # The common case first, without the decoder: one read brings one whole OK,
+                # the answer to the oldest request (what decoding it would do). Anything else
+                # goes to the loop below.
+                data = None
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    try:
+                        data = transport.recv(remaining)
+                    except ReadTimeout:
+                        if time.monotonic() >= deadline:
+                            raise
+                        # (the socket's timeout may be shorter than ours: the loop retries)
+                if data == _OK_FRAME:
+                    if waiter is None:
+                        self._pass_reading_role()
+                        return OK
+                    self._answer(OK, None)
+                elif data is not None:
+                    if not data:
+                        raise ConnectionClosed("nsqd closed the connection", self.address)
+                    decoder.receive_data(data)
+            if waiter is None:
+                waiter = self._own_waiter()
+            while not waiter.done:
+                event = decoder.next_event()
+                if event is NEED_DATA:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise ReadTimeout("no answer from nsqd within the timeout", self.address)
+                    try:
+                        data = transport.recv(remaining)
+                    except ReadTimeout:
+                        if time.monotonic() < deadline:
+                            continue  # the socket's timeout may be shorter than ours (recv)
+                        raise
+                    if data == _OK_FRAME and not decoder.buffered:
+                        # The common case, one whole OK alone in the read: what decoding it
+                        # would do (the oldest request is answered), without the decoder.
+                        self._answer(OK, None)
+                        continue
+                    if not data:
+                        raise ConnectionClosed("nsqd closed the connection", self.address)
+                    decoder.receive_data(data)
+                elif event is EOF:
+                    raise ConnectionClosed("nsqd closed the connection", self.address)
+                else:
+                    self._on_publisher_event(event)  # type: ignore[arg-type]
+            # Answers to other requests that arrived in the same reads: hand them out now. Left
+            # in the buffer, they would wait for the next reader to wake up first (one thread
+            # wake-up more on the path of every answer when many threads publish).
+            while self._waiters:
+                event = decoder.next_event()
+                if event is NEED_DATA or event is EOF:
+                    break
+                self._on_publisher_event(event)  # type: ignore[arg-type]
+        except ReadTimeout:
+            # (also when the socket's own timeout fired first): this request gives up; its
+            # answer, if it ever comes, is popped and dropped by the next reader
+            if waiter is None:
+                waiter = self._own_waiter()
+            waiter.abandoned = True
+            self._pass_reading_role()
+            raise
+        except BaseException as exc:
+            self.close_error = exc
+            self._torn(exc)
+            raise
+        self._pass_reading_role()
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.result
+
+    def _on_publisher_event(self, event: Event) -> None:
+        if type(event) is Response:
+            self._on_response(event.data)
+        elif type(event) is ErrorFrame:
+            self._on_error(server_error(event, self.address))
+        elif type(event) is Heartbeat:
+            assert self._transport is not None
+            self._transport.send(commands.NOP)
+        else:
+            raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
+
+    def _torn(self, error: BaseException) -> None:
+        """The connection broke mid-request (a failed write or read): close it and fail every
+        waiting request with ``error`` (their outcome is unknown), and free the reading role."""
+        self._close_transport()
+        self._fail_waiters(
+            error
+            if isinstance(error, NSQConnectionError)
+            else ConnectionClosed(str(error), self.address)
+        )
+        with self._request_lock:
+            self._reading = False
+
+    def _pass_reading_role(self) -> None:
+        with self._request_lock:
+            for waiter in self._waiters:
+                if not waiter.abandoned:
+                    waiter.reader = True
+                    waiter.event.set()
+                    return
+            # Nobody waits (at most abandoned requests, whose answers the next reader pops).
+            self._reading = False
+
+
+__all__ = ["NotSent", "RequestsMixin"]

@@ -27,7 +27,8 @@ from typing import Any, cast
 from nsq_sync.config import Config
 from nsq_sync.consumer.discovery import Discovery
 from nsq_sync.consumer.stats import ConnectionStats, ConsumerStats
-from nsq_sync.credit.manager import Action, RDYManager
+from nsq_sync.credit.manager import RDYManager
+from nsq_sync.credit.state import Action
 from nsq_sync.errors import AuthError, NSQConnectionError, ProtocolError, ServerError, TLSError
 from nsq_sync.message import Message, Responder, from_frames
 from nsq_sync.metrics.observer import ConsumerObserver

@@ -22,7 +22,7 @@ from typing import Any
 from nsq_sync.config import Config
 from nsq_sync.consumer.connections import ConnectionSet
 from nsq_sync.consumer.flusher import Flusher
-from nsq_sync.credit.manager import Action
+from nsq_sync.credit.state import Action
 from nsq_sync.errors import NSQConnectionError
 from nsq_sync.message import Message
 from nsq_sync.protocol import commands

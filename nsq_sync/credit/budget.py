@@ -57,12 +57,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nsq_sync.credit.rotation import idle_since
-
-if TYPE_CHECKING:  # pragma: no cover
-    from nsq_sync.credit.manager import Action, ConnRDY, RDYManager, Snapshot
+from nsq_sync.credit.state import Action, ConnRDY, CreditState, Snapshot
 
 __all__ = ["Budget", "NoBudget"]
 
@@ -72,7 +70,7 @@ Event = Callable[..., "list[Action]"]
 class NoBudget:
     """No budget (no ``run(max_messages=)``): every event's RDY updates go out as they are."""
 
-    def __init__(self, manager: RDYManager) -> None:
+    def __init__(self, manager: CreditState) -> None:
         self._m = manager
         # The hot events (messages arrived; an answer) are the manager's own, unchanged: bound
         # here rather than wrapped, so that a consumer without a budget pays no extra call.
@@ -125,7 +123,7 @@ class Budget:
     """The budget of a run (see the module): the RDY manager runs its events through
     :meth:`fit`, which fits their RDY updates to the answers still wanted."""
 
-    def __init__(self, manager: RDYManager) -> None:
+    def __init__(self, manager: CreditState) -> None:
         self._m = manager
         #: answers (FIN/REQ) still wanted: the deliveries the run takes plus those in flight
         self.answers = 0

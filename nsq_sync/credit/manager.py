@@ -36,36 +36,16 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from nsq_sync.backoff import ExponentialBackoff
-from nsq_sync.credit import rotation as rdy_rotation
+from nsq_sync.credit import rotation
 from nsq_sync.credit.budget import Budget, NoBudget
-
-Action = tuple[Hashable, int]
-#: per connection, before an event: (RDY as nsqd was last told, granted_at, released_at,
-#: productive)
-Snapshot = dict[Hashable, tuple[int, float, float, bool]]
+from nsq_sync.credit.state import Action, ConnRDY, Snapshot
 
 #: go-nsq's threshold for is_starved(): a connection is starved when this share of its RDY is
 #: in flight.
 STARVED_RATIO = 0.85
-
-
-@dataclass
-class ConnRDY:
-    """What the manager knows about one connection."""
-
-    max_rdy: int
-    rdy: int = 0  # last RDY value sent
-    remaining: int = 0  # messages nsqd may still send before the next RDY
-    in_flight: int = 0
-    last_msg_at: float = 0.0
-    granted_at: float = 0.0  # when rdy last went from 0 to > 0
-    released_at: float = 0.0  # when rdy last went from > 0 to 0 (0: never held credit)
-    productive: bool = False  # it had delivered since its grant when its credit was taken
-    answered_at: float = 0.0  # when credit was scarce: when its last message was answered
 
 
 _Event = TypeVar("_Event", bound=Callable[..., "list[Action]"])
@@ -127,14 +107,14 @@ class RDYManager:
         self.unproductive_after = max(
             0.1, min(low_rdy_idle_timeout, redistribute_interval) / 10, buffering + 0.1
         )
-        #: how soon an nsqd found empty is tried again (see rdy_rotation)
+        #: how soon an nsqd found empty is tried again (see rotation.py)
         self.probe_interval = low_rdy_idle_timeout
         #: True when max_in_flight cannot give every connection RDY 1 (kept by
         #: _recompute_shares: read on the hot path)
         self.scarce = False
         #: when scarce: when a connection last got a message after none for a while (the first
         #: since its grant, or after unproductive_after without): others found empty before
-        #: may have filled up too (rdy_rotation)
+        #: may have filled up too (rotation.py)
         self.woke_at = 0.0
         self.woken = False  # woke_at moved: the caller wakes the RDY timer (and clears this)
         #: a budgeted run: how long after an RDY is lowered a message sent on the old value is
@@ -194,7 +174,7 @@ class RDYManager:
         deadlines = []
         if self.backoff_until is not None:
             deadlines.append(self.backoff_until)
-        rotation_at = rdy_rotation.deadline(self)
+        rotation_at = rotation.deadline(self)
         if rotation_at is not None:
             deadlines.append(rotation_at)
         budget_at = self.budget.deadline()
@@ -263,7 +243,7 @@ class RDYManager:
     def _note_waking(self, conn: ConnRDY) -> None:
         """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
         after none for unproductive_after, means a producer may be publishing again, and nsqds
-        found empty before may have filled up too (rdy_rotation)."""
+        found empty before may have filled up too (rotation.py)."""
         now = self.clock()
         if conn.last_msg_at < conn.granted_at or (
             not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after
@@ -353,13 +333,13 @@ class RDYManager:
             self.backoff_until = None
             self.testing = True
             return self._probe()
-        rotation_at = rdy_rotation.deadline(self)
+        rotation_at = rotation.deadline(self)
         if rotation_at is not None and now >= rotation_at:
-            return rdy_rotation.rotate(self, now)
+            return rotation.rotate(self, now)
         return []
 
     # ------------------------------------------------------------------ for the budget
-    # (and rdy_rotation): what they change credit with, and what an event looks like to them
+    # (and rotation): what they change credit with, and what an event looks like to them
 
     def set_rdy(self, key: Hashable, count: int) -> Action:
         """Record that ``key`` is to be told RDY ``count`` (its grant or release noted), and
@@ -380,7 +360,7 @@ class RDYManager:
         conn = self.conns.get(key)
         if conn is not None and conn.in_flight > 0:
             conn.in_flight -= 1
-            if self.scarce or self.testing:  # its credit may be free now (rdy_rotation)
+            if self.scarce or self.testing:  # its credit may be free now (rotation.py)
                 conn.answered_at = self.clock()
 
     def raise_to_share(self, key: Hashable) -> list[Action]:
@@ -461,7 +441,7 @@ class RDYManager:
         stays set): the next connection to join, or the resume, sends it."""
         if not self.conns or self.max_in_flight == 0:
             return []
-        order = rdy_rotation.best(self, list(self.conns))
+        order = rotation.best(self, list(self.conns))
         # one that was delivering first: the probe needs a message to test the handler with
         key = next((k for k in order if self.conns[k].productive), order[0])
         return [self.set_rdy(key, 1)]

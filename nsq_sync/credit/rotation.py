@@ -44,17 +44,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover
-    from nsq_sync.credit.manager import Action, ConnRDY, RDYManager
+from nsq_sync.credit.state import Action, ConnRDY, CreditState
 
 __all__ = ["active", "best", "deadline", "due_at", "idle_since", "rotate"]
 
 _NEVER = math.inf
 
 
-def active(m: RDYManager) -> bool:
+def active(m: CreditState) -> bool:
     """Whether credit rotates now: it is scarce (outside backoff), or a backoff probe is out
     (or due) with more than one connection to put it on."""
     if m.backoff_level:
@@ -62,7 +60,7 @@ def active(m: RDYManager) -> bool:
     return m.scarce
 
 
-def due_at(m: RDYManager, conn: ConnRDY) -> float:
+def due_at(m: CreditState, conn: ConnRDY) -> float:
     """When a waiting connection should get the next free credit (0: at once)."""
     if conn.released_at == 0.0 or conn.productive:
         return 0.0
@@ -77,7 +75,7 @@ def idle_since(conn: ConnRDY) -> float:
     return max(conn.granted_at, conn.last_msg_at, conn.answered_at)
 
 
-def _free_at(m: RDYManager, conn: ConnRDY, fair: bool) -> float:
+def _free_at(m: CreditState, conn: ConnRDY, fair: bool) -> float:
     """When a holder may give its credit away: its nsqd sent nothing for unproductive_after
     (nothing in flight), or (``fair``) it held the credit for a whole interval."""
     at = conn.granted_at + m.redistribute_interval if fair else _NEVER
@@ -86,7 +84,7 @@ def _free_at(m: RDYManager, conn: ConnRDY, fair: bool) -> float:
     return at
 
 
-def best(m: RDYManager, keys: list[Hashable]) -> list[Hashable]:
+def best(m: CreditState, keys: list[Hashable]) -> list[Hashable]:
     """``keys`` (connections without credit) in the order credit goes to them: due the
     earliest, then credit lost the longest ago, then at random."""
     keys = list(keys)
@@ -96,7 +94,7 @@ def best(m: RDYManager, keys: list[Hashable]) -> list[Hashable]:
     return keys
 
 
-def deadline(m: RDYManager) -> float | None:
+def deadline(m: CreditState) -> float | None:
     """When :func:`rotate` next moves credit (some holder free and some connection due), or
     None."""
     if not active(m):
@@ -112,7 +110,7 @@ def deadline(m: RDYManager) -> float | None:
     return None if at == _NEVER else at
 
 
-def rotate(m: RDYManager, now: float) -> list[Action]:
+def rotate(m: CreditState, now: float) -> list[Action]:
     """Move the credit of every free holder to a due connection (RDY 0 before each RDY 1)."""
     if not active(m):
         return []

@@ -99,6 +99,16 @@ class NsqdConnection(RequestsMixin):
     def __repr__(self) -> str:
         return f"<NsqdConnection {self.address}{' closed' if self.closed else ''}>"
 
+    def _unsolicited_response(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.on_response(self, data)
+
+    def _unsolicited_error(self, error: ServerError) -> None:
+        if self.handler is not None:
+            self.handler.on_error(self, error)
+        else:
+            self.log.error("error from nsqd: %s", error)
+
     @property
     def max_rdy_count(self) -> int:
         return self.identify.max_rdy_count

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Any, Callable
 
 from nsq_sync.errors import (
     ConnectionClosed,
@@ -39,9 +39,6 @@ from nsq_sync.protocol.events import ErrorFrame, Event, Heartbeat, Response
 from nsq_sync.runtime import Runtime, Task
 from nsq_sync.wire.handshake import server_error
 from nsq_sync.wire.transport import Transport
-
-if TYPE_CHECKING:
-    from nsq_sync.wire.connection import ConnectionHandler, NsqdConnection
 
 # nsqd's answer to a publish, as a whole frame: size 6, frame type 0 (response), "OK"
 _OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00" + OK
@@ -79,7 +76,6 @@ class RequestsMixin:
     # the connection's state, set by NsqdConnection.__init__ / connect()
     address: str
     runtime: Runtime
-    handler: ConnectionHandler | None
     log: logging.LoggerAdapter[logging.Logger]
     closed: bool
     close_error: BaseException | None
@@ -87,6 +83,10 @@ class RequestsMixin:
     _decoder: FrameDecoder
     _reader: Task | None
     _close_transport: Callable[[], None]
+    #: a response no request waits for (CLOSE_WAIT): the connection hands it to its handler
+    _unsolicited_response: Callable[[bytes], None]
+    #: an error frame no request waits for (E_FIN_FAILED...): likewise
+    _unsolicited_error: Callable[[ServerError], None]
 
     def _init_requests(self) -> None:
         self._waiters: collections.deque[_Waiter] = collections.deque()
@@ -98,8 +98,8 @@ class RequestsMixin:
     def _on_response(self, data: bytes) -> None:
         if self._waiters:
             self._answer(data, None)
-        elif self.handler is not None:
-            self.handler.on_response(cast("NsqdConnection", self), data)
+        else:
+            self._unsolicited_response(data)
 
     def _on_error(self, error: BaseException) -> None:
         fatal = getattr(error, "fatal", True)
@@ -116,8 +116,8 @@ class RequestsMixin:
                         self.address,
                     )
                 )
-        elif self.handler is not None and isinstance(error, ServerError):
-            self.handler.on_error(cast("NsqdConnection", self), error)
+        elif isinstance(error, ServerError):
+            self._unsolicited_error(error)
         else:
             self.log.error("error from nsqd: %s", error)
 

@@ -37,9 +37,32 @@ from nsq_sync.protocol.constants import (
     DEFAULT_MAX_MSG_SIZE,
 )
 
-__all__ = ["Config", "Duration", "address_list", "parse_duration", "to_seconds"]
+__all__ = [
+    "Config",
+    "Duration",
+    "address_list",
+    "parse_duration",
+    "positive_int",
+    "to_seconds",
+]
 
 _TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
+
+
+def positive_int(name: str, value: object) -> int | None:
+    """None, or ``value`` when it is an int >= 1 (a bool is not): the check of every count a
+    public call takes (``max_messages``, ``batch_size``, ``concurrency``...).
+
+    Raises:
+        ConfigError: anything else; the message names ``name``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
 _BACKOFF_STRATEGIES = ("exponential", "full_jitter")
 
 

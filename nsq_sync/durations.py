@@ -19,7 +19,7 @@ from typing import Union
 
 from nsq_sync.errors import ConfigError
 
-__all__ = ["Duration", "parse_duration", "to_seconds"]
+__all__ = ["Duration", "parse_duration", "positive_seconds", "to_seconds"]
 
 #: What every public duration argument takes (a timeout, a delay): seconds, a
 #: :class:`datetime.timedelta`, or a string such as ``"250ms"`` (see :func:`to_seconds`).
@@ -90,3 +90,10 @@ def to_seconds(
     if seconds < 0 or (positive and seconds == 0):
         raise ConfigError(f"{name} must be seconds {'> 0' if positive else '>= 0'}, got {value!r}")
     return seconds
+
+
+def positive_seconds(name: str, value: object) -> float | None:
+    """None, or :func:`to_seconds` with ``positive=True``: the check of every optional duration
+    that must be > 0 (``run(timeout=)``, ``batch_timeout``...). Raises ConfigError naming
+    ``name``."""
+    return None if value is None else to_seconds(value, name, positive=True)

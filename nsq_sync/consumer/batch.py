@@ -30,12 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nsq_sync.config import Config
+from nsq_sync.config import Config, positive_int
 from nsq_sync.consumer.consumer import Consumer
 from nsq_sync.consumer.parts import ConsumerParts, PartsUser
-from nsq_sync.consumer.running import RunSummary, positive_int, positive_seconds, run_to_end
+from nsq_sync.consumer.running import RunSummary, run_to_end
 from nsq_sync.consumer.stats import ConsumerStats
 from nsq_sync.consumer.workers import GiveUpHandler, ends_task
+from nsq_sync.durations import positive_seconds
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message, claim_all
 from nsq_sync.metrics.observer import ConsumerObserver

@@ -22,7 +22,7 @@ from typing import Any
 from nsq_sync import process as _fork
 from nsq_sync.addresses import parse_address, parse_http_address
 from nsq_sync.backoff import make_backoff
-from nsq_sync.config import Config, address_list
+from nsq_sync.config import Config, address_list, positive_int
 from nsq_sync.consumer.connections import ConnectionSet
 from nsq_sync.consumer.dead_letters import DeadLetterer, check_topic
 from nsq_sync.consumer.discovery import Discovery
@@ -99,8 +99,7 @@ class Consumer:
             raise ConfigError(f"handler must be callable, got {handler!r}")
         if giving_up is not None and not callable(giving_up):
             raise ConfigError(f"giving_up must be callable, got {giving_up!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        positive_int("concurrency", concurrency)
         self.config = (config or Config()).replace(**overrides)
         direct = list(address_list("nsqd_tcp_addresses", nsqd_tcp_addresses))
         lookupds = list(address_list("lookupd_http_addresses", lookupd_http_addresses))

@@ -11,10 +11,8 @@ Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a 
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
-import math
 import signal
 import threading
 import time
@@ -22,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsq_sync.errors import ConfigError
+from nsq_sync.config import positive_int
+from nsq_sync.durations import positive_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.consumer.stats import ConsumerStats
@@ -125,30 +124,6 @@ class Runnable(Protocol):
 
     def _fatal_error(self) -> BaseException | None:
         """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
-
-
-def positive_seconds(name: str, value: object) -> float | None:
-    """None, or seconds > 0 from a number or a timedelta; ConfigError naming ``name``."""
-    if value is None:
-        return None
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{name} must be seconds > 0 (or a timedelta), got {value!r}")
-    return float(value)
-
-
-def positive_int(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class _Admission:

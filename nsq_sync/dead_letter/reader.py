@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync.config import Config
+from nsq_sync.config import Config, positive_int
 from nsq_sync.consumer import Consumer
 from nsq_sync.consumer.dead_letters import CHANNEL
 from nsq_sync.consumer.envelope import FORMAT_VERSION, DeadLetterRecord, parse
-from nsq_sync.consumer.running import positive_int, positive_seconds, run_to_end
+from nsq_sync.consumer.running import run_to_end
+from nsq_sync.durations import positive_seconds
 from nsq_sync.errors import (
     ConfigError,
     InvalidBody,

@@ -93,10 +93,8 @@ _noticing: dict[int, Any] = {}
 # Made here, not on first use: two threads tracking their first objects at once would each make
 # one, and the entries of the one that lost would never be abandoned in a child.
 _tracked: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
-#: Guards a message's "answered" flag (message.py, dispatch.py: an application thread may answer
-#: while the worker does). Like ``_lock`` it is replaced in a forked child: a parent's thread may
-#: have held it at the fork, and every finish() in the child would then block forever.
-claim_lock = threading.Lock()
+# Module-level state of other modules to replace in a forked child (replace_in_child).
+_replacers: list[Callable[[], None]] = []
 
 T = TypeVar("T")
 
@@ -152,9 +150,10 @@ def _reset(pid: int, notice_lock: Any) -> None:
     last the canary and the pid: a thread that finds either current (and so does not wait for
     the reset) must find everything else done. (With the canary set first, a thread of the
     child could read the old generation and use the parent's pool while it was being closed.)"""
-    global generation, _lock, claim_lock, _noticing, _canary, _pid
+    global generation, _lock, _noticing, _canary, _pid
     _lock = threading.Lock()
-    claim_lock = threading.Lock()
+    for replace in _replacers:
+        replace()
     _noticing = {pid: notice_lock}
     generation += 1
     for obj, abandon in list(_tracked.items()):
@@ -264,25 +263,33 @@ def _close_now(sock: Any) -> None:
         pass
 
 
-def started_elsewhere(stamp: tuple[int, int] | None) -> str | None:
-    """For objects that own threads and cannot follow a fork (a started Consumer): given the
-    ``stamp()`` taken when they started, the error message to raise in a forked child (None in
-    the process that started them)."""
-    if stamp is None or stamp[0] == current():
-        return None
-    return (
-        f"this Consumer was started in process {stamp[1]} before it forked; its threads and "
-        f"connections stay in that process and cannot be shared with this one (pid "
-        f"{os.getpid()}). Create and start a new Consumer in each process after the fork (for "
-        "example in gunicorn's post_fork hook, a uwsgidecorators.postfork function under uWSGI, "
-        "or a multiprocessing pool initializer)"
-    )
+def replace_in_child(replace: Callable[[], None]) -> None:
+    """Call ``replace()`` in every forked child, first thing in the reset: for a module-level
+    lock that a parent's thread may have held at the fork (``message.claim_lock``). ``replace``
+    must take no lock and do no I/O. Registering installs nothing (safe at import time)."""
+    _replacers.append(replace)
 
 
-def stamp() -> tuple[int, int]:
-    """(generation, pid) of the current process, for :func:`started_elsewhere`."""
-    install()
-    return current(), os.getpid()
+class Stamp:
+    """Which process made something: :meth:`is_current` is False in a process forked since,
+    however the fork was made. The one "is this still my process?" check of nsq_sync (a started
+    Consumer, a dial in progress, the runtime "auto" chose, a Spark worker's one-time set-up);
+    :class:`PerProcess` builds on the same generation. Cheap; thread-safe.
+
+    Attributes:
+        pid: the pid of the process that made it.
+    """
+
+    __slots__ = ("generation", "pid")
+
+    def __init__(self) -> None:
+        install()
+        self.generation = current()
+        self.pid = os.getpid()
+
+    def is_current(self) -> bool:
+        """True in the process that made this stamp (not in a child forked since)."""
+        return self.generation == current()
 
 
 class PerProcess(Generic[T]):

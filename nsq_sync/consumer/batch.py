@@ -1,7 +1,7 @@
 """BatchConsumer: handle messages in batches, on top of the Consumer's machinery.
 
 The consumer's one worker hands what it takes from the dispatch queue to
-:meth:`BatchConsumer._collect_many`, a list per wake-up: each message checked as a handler's would
+``_Batcher.collect_many``, a list per wake-up: each message checked as a handler's would
 be (``WorkerPool._screen``) and marked async (the pool neither finishes nor requeues it); they join
 the open batch. One batch task
 closes the open batch and calls ``handle_batch(messages)`` when the batch holds ``batch_size``
@@ -38,7 +38,7 @@ from nsq_sync.consumer.stats import ConsumerStats
 from nsq_sync.consumer.workers import GiveUpHandler, ends_task
 from nsq_sync.durations import positive_seconds
 from nsq_sync.errors import ConfigError
-from nsq_sync.message import Message, claim_all
+from nsq_sync.message import Message
 from nsq_sync.metrics.observer import ConsumerObserver
 from nsq_sync.runtime import Runtime
 
@@ -93,28 +93,25 @@ class BatchConsumer:
         timeout = positive_seconds("batch_timeout", batch_timeout)
         if size is None or timeout is None:
             raise ConfigError("batch_size and batch_timeout may not be None")
-        batch_size = size
         if "concurrency" in options:
             raise ConfigError("BatchConsumer handles one batch at a time: no concurrency option")
         if "max_in_flight" in options:
             max_in_flight = options.pop("max_in_flight")
-            if isinstance(max_in_flight, int) and max_in_flight < batch_size:
+            if isinstance(max_in_flight, int) and max_in_flight < size:
                 raise ConfigError(
                     f"max_in_flight ({max_in_flight}) must be at least batch_size "
-                    f"({batch_size}): a batch would wait for credit it cannot get"
+                    f"({size}): a batch would wait for credit it cannot get"
                 )
         else:
-            max_in_flight = max(batch_size, config.max_in_flight if config else 1)
+            max_in_flight = max(size, config.max_in_flight if config else 1)
         self.handle_batch = handle_batch
-        #: handle_batch, timed and traced while metrics are on (nsq_sync.metrics)
-        self._batch_handler: Callable[[list[Message]], Any] = handle_batch
-        self.batch_size = batch_size
+        self.batch_size = size
         self.batch_timeout = timeout
-        self._parts: ConsumerParts | None = None  # the consumer's machinery (see _attach)
+        self._batcher = _Batcher(handle_batch, size, timeout, self.stop)
         self._consumer = Consumer(
             topic,
             channel,
-            _Collector(self),
+            self._batcher,
             concurrency=1,
             giving_up=giving_up,
             config=config,
@@ -125,37 +122,13 @@ class BatchConsumer:
         self.channel = self._consumer.channel
         self.config = self._consumer.config
         self.log = self._consumer.log
-        self._open: list[Message] = []  # collected, not yet handed to handle_batch
-        # when _open[k * batch_size] arrived, for each k: when each batch still to be taken began
-        self._arrived: list[float] = []
-        self._busy = 0  # messages in the batch handle_batch is running on
-        self._closing = False  # the consumer stopped: leave once the open batch is handled
-        self._stopping = False  # stop() began
-        self._stop_spawned = False
-        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a batch
-        self._task: Any = None
-
-    def _attach(self, parts: ConsumerParts) -> None:
-        """The consumer built its parts (at construction; again at start() when
-        ``runtime="auto"`` picked another runtime): batch on them."""
-        self._parts = parts
-        self._lock = parts.runtime.lock()
-        self._wake = parts.runtime.event()
-        parts.pool.collect = self._collect_many  # the worker hands over lists, not messages
-
-    @property
-    def _machinery(self) -> ConsumerParts:
-        parts = self._parts
-        assert parts is not None  # attached in Consumer.__init__
-        return parts
+        self._batcher.log = self.log
 
     @property
     def runtime(self) -> Runtime:
         """As :attr:`Consumer.runtime <nsq_sync.consumer.Consumer.runtime>`: with
         ``runtime="auto"`` decided at :meth:`start`."""
         return self._consumer.runtime
-
-    # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         """Start the batch task and the consumer; returns at once.
@@ -164,21 +137,7 @@ class BatchConsumer:
             Stopped: the consumer was stopped (consumers are not restartable).
         """
         self._consumer.start()  # decides the runtime (the parts are attached again if it changed)
-        if self._task is None:
-            # the task waits until it is known as the batch task and as one of the pool's tasks:
-            # messages may already be arriving, and a handle_batch that calls stop() must be
-            # recognised as running on it (else stop() would try to join its own task)
-            known = self.runtime.event()
-            self._task = self.runtime.spawn(
-                self._batches_once_known,
-                known,
-                name=f"nsq_sync-batches-{self.topic}/{self.channel}",
-            )
-            # one of the pool's tasks: the consumer's stop joins it (after the last message
-            # in flight was answered) before it closes the connections, so the batch task's
-            # last FINs and REQs are written, not cut off
-            self._machinery.pool.add_task(self._task)
-            known.set()
+        self._batcher.start(f"{self.topic}/{self.channel}")
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
@@ -191,7 +150,11 @@ class BatchConsumer:
                 and the consumer stopped gracefully first.
         """
         return run_to_end(
-            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
+            self,
+            self._batcher.parts.control,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            max_messages=max_messages,
         )
 
     def stop(self, timeout: float = 30.0) -> bool:
@@ -205,24 +168,14 @@ class BatchConsumer:
         Returns:
             True when everything in flight was answered before the deadline.
         """
-        if self._task is not None and self.runtime.is_current(self._task):
-            with self._lock:
-                spawn = not self._stop_spawned
-                self._stop_spawned = True
-            if spawn:
-                self.runtime.spawn(
-                    self.stop, timeout, name=f"nsq_sync-stop-{self.topic}/{self.channel}"
-                )
+        batcher = self._batcher
+        if batcher.on_own_task():
+            batcher.stop_elsewhere(self.stop, timeout)
             return False
         deadline = time.monotonic() + timeout
-        self._stopping = True  # the batch task leaves once nothing is in flight
-        self._wake.set()
+        batcher.stopping()  # the batch task leaves once nothing is in flight
         clean = self._consumer.stop(timeout)
-        with self._lock:
-            self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            self._task.join(max(0.1, deadline - time.monotonic()))
+        batcher.close(deadline)
         return clean
 
     def __enter__(self) -> BatchConsumer:
@@ -241,42 +194,109 @@ class BatchConsumer:
         """As :meth:`Consumer.wait_connected <nsq_sync.consumer.Consumer.wait_connected>`."""
         return self._consumer.wait_connected(timeout)
 
-    # ------------------------------------------------------------------ what run() needs
 
-    # (nsq_sync.consumer.running.Runnable: the docstrings are there) the consumer's, and the fatal
-    # error handle_batch raised
+class _Batcher(PartsUser):
+    """The handler a BatchConsumer gives its Consumer, and its batch task: the consumer's one
+    worker hands it lists of messages (:meth:`collect_many`); the task closes batches and runs
+    ``handle_batch``. ``stop`` is the BatchConsumer's (a batch handler's SystemExit stops it)."""
 
-    def _check_process(self) -> None:
-        self._consumer._check_process()
+    def __init__(
+        self,
+        handle_batch: BatchHandler,
+        batch_size: int,
+        batch_timeout: float,
+        stop: Callable[[], object],
+    ) -> None:
+        self.handle_batch = handle_batch
+        #: handle_batch, timed and traced while metrics are on (nsq_sync.metrics)
+        self.batch_handler: BatchHandler = handle_batch
+        self.batch_size = batch_size
+        self.batch_timeout = batch_timeout
+        self.stop_consumer = stop
+        self.log: Any = None  # the consumer's logger (set once the consumer exists)
+        self._parts: ConsumerParts | None = None
+        self._open: list[Message] = []  # collected, not yet handed to handle_batch
+        # when _open[k * batch_size] arrived, for each k: when each batch still to be taken began
+        self._arrived: list[float] = []
+        self._busy = 0  # messages in the batch handle_batch is running on
+        self._closing = False  # the consumer stopped: leave once the open batch is handled
+        self._stopping = False  # stop() began
+        self._stop_spawned = False
+        self._task: Any = None
 
-    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
-        self._consumer._set_admit(admit)
+    # ------------------------------------------------------------------ PartsUser
 
-    def _set_budget(self, deliveries: int) -> None:
-        self._consumer._set_budget(deliveries)
+    def __call__(self, message: Message) -> None:
+        # not called while the pool's collect is set (attach sets it): kept correct anyway
+        message.is_async = True
+        self.collect_many([message])
 
-    def _pause(self) -> None:
-        self._consumer._pause()
+    def attach(self, parts: ConsumerParts) -> None:
+        """The consumer built its parts (at construction; again at start() when
+        ``runtime="auto"`` picked another runtime): batch on them."""
+        self._parts = parts
+        self._lock = parts.runtime.lock()
+        self._wake = parts.runtime.event()
+        parts.pool.collect = self.collect_many  # the worker hands over lists, not messages
 
-    def _credit(self) -> tuple[int, int, int]:
-        return self._consumer._credit()
+    def observe(self, observer: ConsumerObserver | None) -> None:
+        handler = self.handle_batch
+        self.batch_handler = handler if observer is None else observer.wrap_handler(handler, True)
 
-    def _nothing_to_consume(self) -> bool:
-        return self._consumer._nothing_to_consume()
+    @property
+    def parts(self) -> ConsumerParts:
+        """The consumer's parts (attached in Consumer.__init__)."""
+        parts = self._parts
+        assert parts is not None
+        return parts
 
-    def _end_run(self) -> None:
-        self._consumer._end_run()
+    # ------------------------------------------------------------------ lifecycle
 
-    def _wait_stopping(self, timeout: float | None) -> bool:
-        return self._consumer._wait_stopping(timeout)
+    def start(self, name: str) -> None:
+        """Start the batch task (once)."""
+        if self._task is not None:
+            return
+        self._name = name
+        runtime = self.parts.runtime
+        # the task waits until it is known as the batch task and as one of the pool's tasks:
+        # messages may already be arriving, and a handle_batch that calls stop() must be
+        # recognised as running on it (else stop() would try to join its own task)
+        known = runtime.event()
+        self._task = runtime.spawn(self._batches_once_known, known, name=f"nsq_sync-batches-{name}")
+        # one of the pool's tasks: the consumer's stop joins it (after the last message in
+        # flight was answered) before it closes the connections, so the batch task's last
+        # FINs and REQs are written, not cut off
+        self.parts.pool.add_task(self._task)
+        known.set()
 
-    def _fatal_error(self) -> BaseException | None:
-        fatal = self._consumer._fatal_error()
-        return self._fatal if fatal is None else fatal
+    def on_own_task(self) -> bool:
+        """True when called from the batch task (a handle_batch is calling)."""
+        return self._task is not None and self.parts.runtime.is_current(self._task)
+
+    def stop_elsewhere(self, stop: Callable[[float], object], timeout: float) -> None:
+        """``stop(timeout)`` on a task of its own (once): handle_batch called it."""
+        with self._lock:
+            spawn = not self._stop_spawned
+            self._stop_spawned = True
+        if spawn:
+            self.parts.runtime.spawn(stop, timeout, name=f"nsq_sync-stop-{self._name}")
+
+    def stopping(self) -> None:
+        """stop() began: the batch task leaves once nothing is in flight."""
+        self._stopping = True
+        self._wake.set()
+
+    def close(self, deadline: float) -> None:
+        """The consumer stopped: handle the open batch, then end the task (until ``deadline``)."""
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.join(max(0.1, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ batching
 
-    def _collect_many(self, messages: list[Message]) -> None:
+    def collect_many(self, messages: list[Message]) -> None:
         """The consumer's one worker hands over what it took (checked, marked async): add
         ``messages`` to the open batch, in order."""
         size = self.batch_size
@@ -300,8 +320,8 @@ class BatchConsumer:
 
     def _cannot_grow(self, in_batches: int) -> bool:
         """True when no more messages can join the open batch: no credit left, and every message
-        in flight is in the batches (none is still on its way to ``_collect_many``)."""
-        credit_left, in_flight, _ = self._machinery.connections.credit()
+        in flight is in the batches (none is still on its way to ``collect_many``)."""
+        credit_left, in_flight, _ = self.parts.connections.credit()
         return credit_left == 0 and in_flight <= in_batches
 
     def _batches_once_known(self, known: Any) -> None:
@@ -323,9 +343,9 @@ class BatchConsumer:
                     if count >= self.batch_size or wait <= 0 or self._closing:
                         batch = self._take()
             if count == 0 and self._stopping:
-                # leave once nothing can reach _collect_many any more: the consumer is stopping (it
+                # leave once nothing can reach collect_many any more: the consumer is stopping (it
                 # requeues whatever arrives now) and nothing it received is still in flight
-                connections = self._machinery.connections
+                connections = self.parts.connections
                 if connections.stopping and connections.in_flight() == 0:
                     return
                 wait = POLL
@@ -350,14 +370,14 @@ class BatchConsumer:
         return batch
 
     def _handle(self, batch: list[Message]) -> None:
-        pool = self._machinery.pool
+        pool = self.parts.pool
         live = []
         for message in batch:
-            if message._responded:  # requeued when handing it to the batch failed
+            if message.has_responded:  # requeued when handing it to the batch failed
                 continue
             if pool.is_stale(message):
                 # nsqd redelivers it; it took a place of a run (admitted into the batch)
-                self._machinery.connections.skipped(message, admitted=True)
+                self.parts.connections.skipped(message, admitted=True)
             else:
                 live.append(message)
         try:
@@ -369,7 +389,7 @@ class BatchConsumer:
 
     def _run_handler(self, batch: list[Message]) -> None:
         try:
-            self._batch_handler(batch)
+            self.batch_handler(batch)
         except BaseException as exc:
             if ends_task(exc):
                 self._ended(batch, exc)
@@ -381,14 +401,14 @@ class BatchConsumer:
                 self._ended(batch, exc2)
             return
         # claimed here (the first answer wins), then finished with one write per connection
-        to_finish = claim_all(batch)
+        to_finish = Message.claim_all(batch)
         if to_finish:
-            self._machinery.responder.finish_many(to_finish)
+            self.parts.responder.finish_many(to_finish)
 
     def _failed(self, batch: list[Message], error: BaseException) -> None:
         """The batch handler failed: requeue what it left unanswered (give up on messages at
         max_attempts, and on all of them after DeadLetter), logged."""
-        parts = self._machinery
+        parts = self.parts
         unanswered = [m for m in batch if not m.has_responded]
         self.log.exception(
             "batch handler failed on %d message(s); requeueing %d",
@@ -405,7 +425,7 @@ class BatchConsumer:
         in flight."""
         fatal = isinstance(exc, (SystemExit, KeyboardInterrupt))
         if fatal:
-            self._pause()  # first, or nsqd hands the batch straight back
+            self.parts.control.pause()  # first, or nsqd hands the batch straight back
         for message in batch:
             if not message.has_responded:
                 message.requeue(0.0, backoff=False)
@@ -413,29 +433,5 @@ class BatchConsumer:
             raise exc
         # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
         self.log.error("batch handler raised %r; stopping the consumer", exc)
-        if self._fatal is None:
-            self._fatal = exc
-        self.stop()
-
-
-class _Collector(PartsUser):
-    """The handler BatchConsumer gives its Consumer (a :class:`~nsq_sync.consumer.PartsUser`):
-    each message goes to the open batch, and the consumer's parts to the BatchConsumer."""
-
-    __slots__ = ("_owner",)
-
-    def __init__(self, owner: BatchConsumer) -> None:
-        self._owner = owner
-
-    def __call__(self, message: Message) -> None:
-        # not called while the pool's collect is set (attach sets it): kept correct anyway
-        message._async = True
-        self._owner._collect_many([message])
-
-    def attach(self, parts: ConsumerParts) -> None:
-        self._owner._attach(parts)
-
-    def observe(self, observer: ConsumerObserver | None) -> None:
-        owner = self._owner
-        handler = owner.handle_batch
-        owner._batch_handler = handler if observer is None else observer.wrap_handler(handler, True)
+        self.parts.control.set_fatal(exc)
+        self.stop_consumer()

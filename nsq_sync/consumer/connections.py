@@ -24,13 +24,14 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config
 from nsq_sync.consumer.discovery import Discovery
 from nsq_sync.consumer.stats import ConnectionStats, ConsumerStats
 from nsq_sync.credit.manager import RDYManager
 from nsq_sync.credit.state import Action
 from nsq_sync.errors import AuthError, NSQConnectionError, ProtocolError, ServerError, TLSError
-from nsq_sync.message import Message, Responder, from_frames
+from nsq_sync.message import Message, Responder
 from nsq_sync.metrics.observer import ConsumerObserver
 from nsq_sync.protocol import commands
 from nsq_sync.protocol.events import RawMessage
@@ -54,8 +55,9 @@ class ConnectionSet:
         topic, channel: the subscription.
         config: the consumer's options.
         runtime: threads or gevent.
-        rdy: the RDY manager (owner of credit and in-flight counts; used under :attr:`lock`).
         log: the consumer's logger.
+        rdy: the RDY manager (default: a new one for ``config``; a consumer rebuilding its
+            parts on another runtime hands its manager on).
 
     The consumer sets :attr:`responder` (what messages answer through), :attr:`deliver` (the
     worker pool's ``submit_many``) and :attr:`discovery` before :meth:`start`.
@@ -67,14 +69,15 @@ class ConnectionSet:
         channel: str,
         config: Config,
         runtime: Runtime,
-        rdy: RDYManager,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        rdy: RDYManager | None = None,
     ) -> None:
         self.topic = topic
         self.channel = channel
         self.config = config
         self.runtime = runtime
-        self.rdy = rdy
+        #: the RDY manager (the owner of credit and in-flight counts; used under :attr:`lock`)
+        self.rdy = rdy if rdy is not None else credit_for(config)
         self.log = log
         #: guards the table, the RDY manager and the counters (the consumer's central lock)
         self.lock = runtime.rlock()
@@ -103,12 +106,12 @@ class ConnectionSet:
     def in_flight(self) -> int:
         """Messages delivered and not yet answered, over the live connections."""
         with self.lock:
-            return sum(c.in_flight for c in self.rdy.conns.values())
+            return self.rdy.total_in_flight()
 
-    def in_flight_of(self, key: str | None) -> int:
-        """Messages in flight on the connection of RDY key ``key`` (caller holds :attr:`lock`)."""
-        state = None if key is None else self.rdy.conns.get(key)
-        return 0 if state is None else state.in_flight
+    def max_in_flight(self) -> int:
+        """The total credit now (0: paused)."""
+        with self.lock:
+            return self.rdy.max_in_flight
 
     def credit(self) -> tuple[int, int, int]:
         """(messages nsqds may still send, messages in flight, messages received so far): what
@@ -126,7 +129,7 @@ class ConnectionSet:
         with self.lock:
             self.observer = observer
             if observer is not None:
-                for address, state in self.rdy.conns.items():
+                for address, state in self.rdy.holdings():
                     if address in self.conns:
                         observer.connection(address, True)
                         observer.rdy(address, state.rdy)
@@ -140,12 +143,12 @@ class ConnectionSet:
             return ConsumerStats(
                 connections=[
                     ConnectionStats(addr, st.rdy, st.in_flight, table[addr].messages_received)
-                    for addr, st in rdy.conns.items()
+                    for addr, st in rdy.holdings()
                     if addr in table
                 ],
                 max_in_flight=rdy.max_in_flight,
                 total_rdy=rdy.total_rdy,
-                in_flight=self.in_flight(),
+                in_flight=rdy.total_in_flight(),
                 backoff_level=rdy.backoff_level,
                 in_backoff=rdy.in_backoff,
                 is_starved=rdy.is_starved(),
@@ -160,13 +163,9 @@ class ConnectionSet:
         with self.lock:
             self.counts["skipped"] += 1
             if self.rdy.budgeted:
-                conn = message._conn
+                conn = message.connection
                 key = None if conn is None else self.key(conn)
                 self.apply_and_wake(lambda: self.rdy.on_skip(key, admitted))
-
-    def wake_timer(self) -> None:
-        """Let the RDY timer task look at its deadlines again (a budgeted run's moved)."""
-        self._timer_wakeup.set()
 
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``what`` (one of :data:`COUNTERS`)."""
@@ -180,6 +179,42 @@ class ConnectionSet:
         """``conn``'s RDY key; None for a connection that was replaced since (caller holds
         :attr:`lock`)."""
         return conn.address if self.conns.get(conn.address) is conn else None
+
+    # ------------------------------------------------------------------ answers
+
+    def answered(self, conn: NsqdConnection, what: str, backoff: bool = True) -> None:
+        """Count one answer of ``conn``'s message (``what``: "finished" or "requeued") and take
+        its step for the RDY manager, sending the RDY updates it makes; a REQ counts as a failure
+        for backoff when ``backoff`` (not while stopping). Call it before writing the FIN/REQ:
+        an RDY 0 that starts a backoff window must reach nsqd first. A message of a connection
+        replaced since counts for backoff but not for the new connection. Thread-safe."""
+        with self.lock:
+            key = self.key(conn)
+            rdy = self.rdy
+            if what == "finished":
+                self.apply_and_wake(lambda: rdy.on_finish(key))
+            else:
+                failure = backoff and not self.stopping
+                self.apply_and_wake(lambda: rdy.on_requeue(key, backoff=failure))
+            self.counts[what] += 1
+            if self.observer is not None:
+                self.observer.answered(what, conn.address, 1, rdy.in_flight(key))
+
+    def finished_quietly(self, conn: NsqdConnection, n: int) -> bool:
+        """Count ``n`` FINs of ``conn`` in one step when that changes no RDY (no backoff to step
+        down, credit not scarce, the run's budget fits), and return True; False means nothing
+        was counted: call :meth:`answered` for each. Thread-safe."""
+        with self.lock:
+            key = self.key(conn)
+            rdy = self.rdy
+            if not rdy.finish_quietly(key, n):
+                return False
+            self.counts["finished"] += n
+            if rdy.budgeted:  # its deadlines may have moved
+                self._timer_wakeup.set()
+            if self.observer is not None:
+                self.observer.answered("finished", conn.address, n, rdy.in_flight(key))
+            return True
 
     # ------------------------------------------------------------------ RDY
 
@@ -303,7 +338,7 @@ class ConnectionSet:
     # ------------------------------------------------------------------ reader tasks
 
     def on_messages(self, conn: NsqdConnection, frames: list[RawMessage]) -> None:
-        messages = from_frames(frames, self.responder, conn.address, conn)
+        messages = Message.from_frames(frames, self.responder, conn.address, conn)
         n = len(messages)
         with self.lock:
             self.counts["received"] += n
@@ -315,11 +350,10 @@ class ConnectionSet:
                 self.apply(actions)
             observer = self.observer
             if observer is not None:
-                observer.received(conn.address, n, self.in_flight_of(key))
+                observer.received(conn.address, n, self.rdy.in_flight(key))
             # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
             # that had nothing sends (those found empty before may have filled up too)
-            if self.rdy.budgeted or self.rdy.woken:
-                self.rdy.woken = False
+            if self.rdy.take_woken() or self.rdy.budgeted:
                 self._timer_wakeup.set()
         if stale:
             for message in messages:
@@ -351,8 +385,7 @@ class ConnectionSet:
         with self.lock:
             if self.conns.get(conn.address) is conn:
                 del self.conns[conn.address]
-                state = self.rdy.conns.get(conn.address)
-                in_flight = state.in_flight if state is not None else 0
+                in_flight = self.rdy.in_flight(conn.address)
                 self.apply(self.rdy.remove(conn.address))
                 if self.observer is not None:
                     self.observer.connection(conn.address, False)
@@ -377,6 +410,13 @@ class ConnectionSet:
         self._timer_wakeup.set()
 
     # ------------------------------------------------------------------ stopping
+
+    def abandon(self) -> None:
+        """In a forked child (the fork hook; takes no lock): this copy is dead. Its connections
+        and tasks are abandoned by their own hooks; nothing may reconnect."""
+        self.stopping = True
+        if self.discovery is not None:
+            self.discovery.abandon()
 
     def close_subscription(self, stopping: Callable[[], None]) -> list[NsqdConnection] | None:
         """Start the stop: ``stopping()``, RDY 0 everywhere and CLS on every connection, in one
@@ -419,6 +459,25 @@ class ConnectionSet:
             conn.join(max(0.1, deadline - time.monotonic()))
         if self._timer is not None:
             self._timer.join(1.0)
+
+
+def credit_for(config: Config) -> RDYManager:
+    """The RDY manager of a consumer with ``config``."""
+    backoff = None
+    if config.max_backoff_duration > 0 and config.backoff_multiplier > 0:
+        backoff = make_backoff(
+            config.backoff_strategy, config.backoff_multiplier, config.max_backoff_duration
+        )
+    return RDYManager(
+        config.max_in_flight,
+        backoff=backoff,
+        low_rdy_idle_timeout=config.low_rdy_idle_timeout,
+        redistribute_interval=config.rdy_redistribute_interval,
+        clock=time.monotonic,
+        # nsqd may hold what it sent in its output buffer for output_buffer_timeout
+        settle=1.0 + (config.output_buffer_timeout or 0.0),
+        buffering=config.output_buffer_timeout or 0.0,
+    )
 
 
 def _nowhere(messages: list[Message]) -> None:

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from nsq_sync import process as _fork
+from nsq_sync import process
 from nsq_sync.addresses import parse_address, parse_http_address
-from nsq_sync.backoff import make_backoff
 from nsq_sync.config import Config, address_list, positive_int
 from nsq_sync.consumer.connections import ConnectionSet
 from nsq_sync.consumer.dead_letters import DeadLetterer, check_topic
 from nsq_sync.consumer.discovery import Discovery
 from nsq_sync.consumer.flusher import Flusher
+from nsq_sync.consumer.lifecycle import Lifecycle
 from nsq_sync.consumer.parts import ConsumerParts, PartsUser
 from nsq_sync.consumer.responder import ConsumerResponder
 from nsq_sync.consumer.running import RunSummary, run_to_end
@@ -35,15 +35,15 @@ from nsq_sync.consumer.workers import GiveUpHandler, Handler, WorkerPool
 from nsq_sync.credit.manager import RDYManager
 from nsq_sync.durations import to_seconds
 from nsq_sync.errors import ConfigError, Stopped
-from nsq_sync.message import Message
-from nsq_sync.metrics import observer as _observe
+from nsq_sync.metrics import observer
+from nsq_sync.metrics.observer import ConsumerObserver
 from nsq_sync.protocol.names import validate_channel, validate_topic
 from nsq_sync.runtime import Runtime, patched_after, resolve_runtime
 from nsq_sync.wire.connection import NsqdConnection
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConnectionStats", "Consumer", "ConsumerParts", "ConsumerStats", "PartsUser"]
+__all__ = ["ConnectionStats", "Consumer", "ConsumerStats"]
 
 
 class Consumer:
@@ -119,27 +119,11 @@ class Consumer:
         self.log = logging.LoggerAdapter(
             logging.getLogger(f"nsq_sync.consumer.{self.topic}.{self.channel}"), {}
         )
-        cfg = self.config
-        backoff = None
-        if cfg.max_backoff_duration > 0 and cfg.backoff_multiplier > 0:
-            backoff = make_backoff(
-                cfg.backoff_strategy, cfg.backoff_multiplier, cfg.max_backoff_duration
-            )
-        self._rdy = RDYManager(
-            cfg.max_in_flight,
-            backoff=backoff,
-            low_rdy_idle_timeout=cfg.low_rdy_idle_timeout,
-            redistribute_interval=cfg.rdy_redistribute_interval,
-            clock=time.monotonic,
-            # nsqd may hold what it sent in its output buffer for output_buffer_timeout
-            settle=1.0 + (cfg.output_buffer_timeout or 0.0),
-            buffering=cfg.output_buffer_timeout or 0.0,
-        )
+        self._lifecycle = Lifecycle()
+        self._metrics: _Metrics | None = None
         self._build(resolve_runtime(runtime), direct, lookupds, concurrency, giving_up)
         self._stop_clean = False
-        self._fatal: BaseException | None = None  # SystemExit/KeyboardInterrupt from a handler
         self._started = False
-        self._started_in: tuple[int, int] | None = None  # (fork generation, pid): see start()
 
     def _build(
         self,
@@ -148,13 +132,26 @@ class Consumer:
         lookupds: list[str],
         concurrency: int,
         giving_up: GiveUpHandler | None,
+        credit: RDYManager | None = None,
     ) -> None:
         """Create the parts that depend on the runtime: lock, events, connection set, responder,
-        worker pool, flusher, discovery (all idle until start())."""
+        worker pool, flusher, discovery (all idle until start()). ``credit``: the manager of
+        the parts these replace (its state, a run's budget included, carries over)."""
         self._runtime = runtime
         cfg = self.config
         log = self.log
-        connections = ConnectionSet(self.topic, self.channel, cfg, runtime, self._rdy, log)
+        connections = ConnectionSet(self.topic, self.channel, cfg, runtime, log, credit)
+        dead_letters = None
+        if self.dead_letter_topic is not None:
+            dead_letters = DeadLetterer(
+                self.dead_letter_topic,
+                self.topic,
+                self.channel,
+                cfg,
+                runtime,
+                log,
+                on_dead_lettered=lambda message: connections.count("dead_lettered"),
+            )
         flusher = Flusher(runtime, log)
         responder = ConsumerResponder(connections, flusher, cfg, log)
         pool = WorkerPool(
@@ -170,7 +167,7 @@ class Consumer:
             finish_many=responder.finish_many,
             backstop=flusher,
             on_failed=lambda message: connections.count("failed"),
-            dead_letter=DeadLetterer.for_consumer(self, runtime, connections.count),
+            dead_letter=dead_letters,
         )
         discovery = Discovery(
             topic=self.topic,
@@ -190,10 +187,12 @@ class Consumer:
         connections.discovery = discovery
         self._connections, self._flusher, self._pool = connections, flusher, pool
         self._discovery = discovery
-        self._stopped_event = runtime.event()  # stop requested (wakes run())
         self._stop_done = runtime.event()  # fully stopped
+        self._lifecycle.attach(runtime, connections, pool, discovery)
         if isinstance(self._handler, PartsUser):
-            self._handler.attach(ConsumerParts(runtime, connections, responder, pool))
+            self._handler.attach(
+                ConsumerParts(runtime, connections, responder, pool, self._lifecycle)
+            )
 
     def _decide_runtime(self) -> bool:
         """With runtime="auto", decide the runtime in this process now (at start): when gevent
@@ -203,18 +202,16 @@ class Consumer:
             return False
         if not patched_after(self._runtime):
             return False
-        pool, stop_requested = self._pool, self._stopped_event.is_set()
-        with self._connections.lock:
+        pool, connections = self._pool, self._connections
+        with connections.lock:
             self._build(
                 resolve_runtime("auto"),
                 self._discovery.direct,
                 self._discovery.lookupds,
                 pool.concurrency,
                 pool.giving_up,
+                connections.rdy,
             )
-            self._pool.admit = pool.admit  # run()'s gate, installed before start
-            if stop_requested:  # a signal run() caught before it started
-                self._stopped_event.set()
         self.log.debug("runtime decided at start: %s", self._runtime.name)
         return True
 
@@ -239,26 +236,31 @@ class Consumer:
             Stopped: the consumer was stopped (consumers are not restartable), or it was
                 started in another process before a fork (start a new one in each process).
         """
-        self._check_process()
+        self._lifecycle.check_process()
         if self._connections.stopping:
             raise Stopped("consumer was stopped; create a new one")
         if self._started:
             return
         self._decide_runtime()
         self._started = True
-        self._started_in = _fork.stamp()
-        if self._rdy.max_in_flight == 0:
+        self._lifecycle.started()
+        if self._connections.max_in_flight() == 0:
             self.log.warning(
                 "max_in_flight is 0: the consumer is paused and receives nothing until "
                 "set_max_in_flight() raises it"
             )
-        _fork.track(self, Consumer._abandon_in_child)
+        # in a forked child this copy is dead: nothing it holds may reconnect there
+        process.track(self._connections, ConnectionSet.abandon)
         name = f"{self.topic}/{self.channel}"
         self._pool.start(name)
         self._flusher.start(name, self._pool)
         self._connections.start(name)
         self._discovery.start(name)
-        _observe.track(self)  # metrics (nsq_sync.metrics), when enabled, now or later
+        # metrics (nsq_sync.metrics), when enabled, now or later
+        self._metrics = _Metrics(
+            self.topic, self.channel, self._handler, self._connections, self._pool
+        )
+        observer.track(self._metrics)
 
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
@@ -295,66 +297,12 @@ class Consumer:
                 worker).
         """
         return run_to_end(
-            self, timeout=timeout, idle_timeout=idle_timeout, max_messages=max_messages
+            self,
+            self._lifecycle,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            max_messages=max_messages,
         )
-
-    def _observe(self, observer: _observe.ConsumerObserver | None) -> None:
-        """Report to ``observer`` from now on (None: to nothing); called at start() and when
-        a metrics backend is enabled later. Thread-safe."""
-        handler = self._handler
-        if isinstance(handler, PartsUser):
-            handler.observe(observer)
-        elif observer is None:
-            self._pool.handler = handler
-        else:
-            self._pool.handler = observer.wrap_handler(handler, False)
-        self._connections.set_observer(observer)
-
-    def _check_process(self) -> None:
-        # A started consumer's threads do not survive a fork, and its sockets are the
-        # parent's: a clear error in the child instead of silent sharing.
-        message = _fork.started_elsewhere(self._started_in)
-        if message is not None:
-            raise Stopped(message)
-
-    def _abandon_in_child(self) -> None:
-        # The fork hook, in a forked child (nsq_sync.process; takes no lock): this copy is dead.
-        # Its connections and tasks are abandoned by their own hooks; nothing may reconnect.
-        self._connections.stopping = True
-        self._discovery.abandon()
-
-    # ------------------------------------------------------------------ what run() needs
-
-    # (nsq_sync.consumer.running.Runnable: the docstrings are there)
-
-    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
-        self._pool.admit = admit
-
-    def _set_budget(self, deliveries: int) -> None:
-        # the messages already queued for the workers are among the deliveries
-        self._connections.set_budget(max(0, deliveries - self._pool.queued()))
-
-    def _pause(self) -> None:
-        self.set_max_in_flight(0)
-
-    def _credit(self) -> tuple[int, int, int]:
-        return self._connections.credit()
-
-    def _nothing_to_consume(self) -> bool:
-        # no direct address, and lookupd answered that no nsqd carries the topic: unlike
-        # reconnecting, nothing will arrive
-        d = self._discovery
-        connected = self._connections.addresses()
-        return not connected and not d.direct and d.answered and not d.discovered
-
-    def _end_run(self) -> None:
-        self._stopped_event.set()  # read now: start() may have built it anew (runtime="auto")
-
-    def _wait_stopping(self, timeout: float | None) -> bool:
-        return bool(self._stopped_event.wait(timeout))
-
-    def _fatal_error(self) -> BaseException | None:
-        return self._fatal
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
@@ -372,7 +320,7 @@ class Consumer:
             Stopped: called in a forked child of the process that started the consumer (its
                 connections are the parent's: nothing is sent on them from here).
         """
-        self._check_process()
+        self._lifecycle.check_process()
         deadline = time.monotonic() + to_seconds(timeout, "timeout")
         conns = self._connections.close_subscription(self._on_stopping)  # None: stop had begun
         own_task = self._on_own_task()
@@ -394,7 +342,7 @@ class Consumer:
         """Part of stop()'s first critical section: messages not started yet are requeued
         from now on, and run() wakes."""
         self._pool.stopping = True
-        self._stopped_event.set()
+        self._lifecycle.request_stop()
 
     def _on_own_task(self) -> bool:
         """True on one of this consumer's worker tasks (a handler is calling)."""
@@ -470,8 +418,36 @@ class Consumer:
     def _on_fatal(self, error: BaseException) -> None:
         """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):
         stop gracefully; :meth:`run` re-raises it in the thread that called it."""
-        with self._connections.lock:
-            if self._fatal is None:
-                self._fatal = error
+        self._lifecycle.set_fatal(error)
         self.log.error("handler raised %r; stopping the consumer", error)
         self.stop()
+
+
+class _Metrics:
+    """A started consumer as nsq_sync.metrics tracks it (:class:`observer.Observed`): a backend
+    enabled now or later reports on its connections and times its handler."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        handler: Handler,
+        connections: ConnectionSet,
+        pool: WorkerPool,
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.handler = handler
+        self.connections = connections
+        self.pool = pool
+
+    def observe(self, observer: ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing). Thread-safe."""
+        handler = self.handler
+        if isinstance(handler, PartsUser):
+            handler.observe(observer)
+        elif observer is None:
+            self.pool.handler = handler
+        else:
+            self.pool.handler = observer.wrap_handler(handler, False)
+        self.connections.set_observer(observer)

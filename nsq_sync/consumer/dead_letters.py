@@ -124,24 +124,6 @@ class DeadLetterer:
         self._errors: OrderedDict[bytes, ErrorInfo] = OrderedDict()
         self._closed = False
 
-    @classmethod
-    def for_consumer(
-        cls, consumer: Any, runtime: Runtime, count: Callable[[str], None]
-    ) -> DeadLetterer | None:
-        """The DeadLetterer of a Consumer (None without a dead-letter topic); ``count`` is its
-        counter (``count("dead_lettered")`` after each acknowledged publish)."""
-        if consumer.dead_letter_topic is None:
-            return None
-        return cls(
-            consumer.dead_letter_topic,
-            consumer.topic,
-            consumer.channel,
-            consumer.config,
-            runtime,
-            consumer.log,
-            lambda message: count("dead_lettered"),
-        )
-
     def __call__(self, message: Message, error: BaseException | None) -> bool:
         """Publish ``message``'s envelope: True when nsqd acknowledged it (the caller finishes
         the message); False when it was requeued with backoff instead (logged). Never raises

@@ -142,6 +142,11 @@ class Discovery:
         """In a forked child (the consumer's fork hook; takes no lock): never reconnect."""
         self._stopped = True
 
+    def knows_no_nsqd(self) -> bool:
+        """True when there is no direct address and lookupd answered that no nsqd carries the
+        topic."""
+        return not self.direct and self.answered and not self.discovered
+
     def connect_succeeded(self, address: str) -> None:
         """Subscribed. The failure count stays until the connection proves useful (see
         :meth:`connection_lost`): an nsqd that accepts and closes right after SUB would

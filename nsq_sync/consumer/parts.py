@@ -1,8 +1,10 @@
-"""A consumer's parts as one value, for what is built on top of a Consumer (BatchConsumer).
+"""A consumer's parts as one value, for what is built on top of a Consumer (BatchConsumer,
+dead_letter's reading).
 
 A handler that subclasses :class:`PartsUser` is given the consumer's :class:`ConsumerParts`
 whenever the consumer builds them, so it composes them (finishes through the responder, gives
-up through the pool, reads the credit) instead of copying the consumer's code. Internal.
+up through the pool, reads the credit, runs the consumer to an end through its control)
+instead of copying the consumer's code or reaching into it. Internal.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsq_sync.consumer.connections import ConnectionSet
+from nsq_sync.consumer.lifecycle import Lifecycle
 from nsq_sync.consumer.responder import ConsumerResponder
 from nsq_sync.consumer.workers import WorkerPool
 from nsq_sync.message import Message
@@ -22,18 +25,20 @@ __all__ = ["ConsumerParts", "PartsUser"]
 
 @dataclass(frozen=True)
 class ConsumerParts:
-    """A consumer's machinery, for what is built on top of it (BatchConsumer): internal."""
+    """A consumer's machinery, for what is built on top of it: internal."""
 
     runtime: Runtime
     connections: ConnectionSet
     responder: ConsumerResponder
     pool: WorkerPool
+    #: the consumer's lifecycle: what run_to_end needs, the fatal error, the stop request
+    control: Lifecycle
 
 
 class PartsUser:
-    """Base class of a handler that works with the consumer's parts (BatchConsumer's collector;
-    internal). The consumer calls :meth:`attach` whenever it builds them: at construction, and
-    again at ``start()`` when ``runtime="auto"`` decided on another runtime."""
+    """Base class of a handler that works with the consumer's parts. The consumer calls
+    :meth:`attach` whenever it builds them: at construction, and again at ``start()`` when
+    ``runtime="auto"`` decided on another runtime."""
 
     __slots__ = ()
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from nsq_sync.consumer.stats import ConsumerStats
     from nsq_sync.message import Message
 
-__all__ = ["RunSummary", "Runnable", "run_to_end"]
+__all__ = ["RunControl", "RunSummary", "Runnable", "run_to_end"]
 
 #: longest gap between two looks at the consumer's state while an end needs watching, in seconds
 POLL = 0.05
@@ -79,10 +79,7 @@ class RunSummary:
 
 
 class Runnable(Protocol):
-    """What :func:`run_to_end` needs from what it runs; Consumer and BatchConsumer provide it.
-
-    The underscore methods are internal: they exist for ``run()``, not for users.
-    """
+    """The public face of what :func:`run_to_end` runs: a Consumer or a BatchConsumer."""
 
     @property
     def log(self) -> logging.LoggerAdapter[Any]:
@@ -97,33 +94,42 @@ class Runnable(Protocol):
     def stats(self) -> ConsumerStats:
         """The counters the summary is the difference of."""
 
-    def _check_process(self) -> None:
+
+class RunControl(Protocol):
+    """What :func:`run_to_end` needs of a consumer besides its public face: the consumer's
+    :class:`~nsq_sync.consumer.lifecycle.Lifecycle` (``ConsumerParts.control``)."""
+
+    def check_process(self) -> None:
         """Raise Stopped in a forked child of the process that started it (before any lock)."""
 
-    def _set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+    def set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         """Call ``admit(message)`` before each message is handled; False requeues it at once."""
 
-    def _set_budget(self, deliveries: int) -> None:
+    def set_budget(self, deliveries: int) -> None:
         """Let nsqd deliver at most ``deliveries`` more messages (what ``max_messages`` leaves)."""
 
-    def _pause(self) -> None:
+    def pause(self) -> None:
         """Receive nothing more (RDY 0 everywhere): ``max_messages`` was reached."""
 
-    def _credit(self) -> tuple[int, int, int]:
+    def credit(self) -> tuple[int, int, int]:
         """(messages nsqds may still send, messages in flight, messages received so far)."""
+        ...
 
-    def _nothing_to_consume(self) -> bool:
+    def nothing_to_consume(self) -> bool:
         """True when there is no nsqd to consume from (waiting then is idle)."""
+        ...
 
-    def _end_run(self) -> None:
+    def end_run(self) -> None:
         """Make the run end now (it then stops gracefully); safe in a signal handler."""
 
-    def _wait_stopping(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever) for stop() or :meth:`_end_run`;
+    def wait_stopping(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever) for stop() or :meth:`end_run`;
         True once either came."""
+        ...
 
-    def _fatal_error(self) -> BaseException | None:
+    def fatal_error(self) -> BaseException | None:
         """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
+        ...
 
 
 class _Admission:
@@ -158,6 +164,7 @@ class _Admission:
 
 def run_to_end(
     runnable: Runnable,
+    control: RunControl,
     *,
     timeout: Any = None,
     idle_timeout: Any = None,
@@ -169,6 +176,7 @@ def run_to_end(
 
     Args:
         runnable: what runs (a Consumer or a BatchConsumer).
+        control: its consumer's run control (``ConsumerParts.control``).
         timeout, idle_timeout: seconds (or timedelta) > 0, or None for no such end.
         max_messages: handler calls, or None.
         stop: what stops it at the end (default: ``runnable.stop``).
@@ -178,7 +186,7 @@ def run_to_end(
         ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
         SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
     """
-    runnable._check_process()  # first: a lock a parent's thread held at the fork stays held
+    control.check_process()  # first: a lock a parent's thread held at the fork stays held
     run_for = positive_seconds("timeout", timeout)
     idle_for = positive_seconds("idle_timeout", idle_timeout)
     limit = positive_int("max_messages", max_messages)
@@ -186,16 +194,16 @@ def run_to_end(
 
     began = time.monotonic()
     before = runnable.stats()
-    admission = _Admission(limit, on_reached=runnable._pause)
-    runnable._set_admit(admission)
+    admission = _Admission(limit, on_reached=control.pause)
+    control.set_admit(admission)
     if limit is not None:
-        runnable._set_budget(limit)
+        control.set_budget(limit)
     signalled: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
         runnable.log.info("signal %d received; stopping", signum)
         signalled.append(signum)
-        runnable._end_run()
+        control.end_run()
 
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -219,15 +227,15 @@ def run_to_end(
                     break
                 wait = deadline - now if wait is None else min(wait, deadline - now)
             # signals interrupt the wait on POSIX; a signal or stop() ends it
-            if runnable._wait_stopping(wait):
+            if control.wait_stopping(wait):
                 reason = "signal" if signalled else "stopped"
                 break
             if admission.reached:
                 reason = "max_messages"
                 break
             if idle_for is not None:
-                credit, _, count = runnable._credit()
-                credit_open = credit > 0 or runnable._nothing_to_consume()
+                credit, _, count = control.credit()
+                credit_open = credit > 0 or control.nothing_to_consume()
                 now = time.monotonic()
                 if count != received or not credit_open:
                     received = count
@@ -241,7 +249,7 @@ def run_to_end(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop()
-    fatal = runnable._fatal_error()
+    fatal = control.fatal_error()
     if fatal is not None:
         raise fatal
     after = runnable.stats()

@@ -44,7 +44,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from nsq_sync import process as _fork
 from nsq_sync.errors import ConfigError, DeadLetter, RequeueMessage
 from nsq_sync.message import Message
 from nsq_sync.runtime import Runtime, Task
@@ -105,6 +104,18 @@ def ends_task(exc: BaseException) -> bool:
     return greenlet is not None and isinstance(exc, greenlet.GreenletExit)
 
 
+def _take_all(queue: deque[Message]) -> list[Message]:
+    """Pop every message of ``queue``, oldest first. Each is taken exactly once, however many
+    tasks take at once (popleft is atomic)."""
+    popleft = queue.popleft
+    taken: list[Message] = []
+    while True:
+        try:
+            taken.append(popleft())
+        except IndexError:
+            return taken
+
+
 def _requeue_unanswered(messages: list[Message]) -> None:
     """Requeue at once (no delay, no backoff: not the messages' fault) each one still
     unanswered."""
@@ -149,7 +160,7 @@ class WorkerPool:
         max_attempts: int,
         giving_up: GiveUpHandler | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
-        is_stale: Callable[[Message], bool] = operator.attrgetter("_conn.closed"),
+        is_stale: Callable[[Message], bool] = operator.attrgetter("connection.closed"),
         on_skip: Callable[[Message], None],
         on_gave_up: Callable[[Message], None],
         finish_many: Callable[[list[Message]], None] | None = None,
@@ -199,13 +210,7 @@ class WorkerPool:
 
     def flush_held(self) -> None:
         """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
-        popleft = self.held.popleft
-        batch: list[Message] = []
-        while True:
-            try:
-                batch.append(popleft())
-            except IndexError:
-                break
+        batch = _take_all(self.held)
         if batch and self.finish_many is not None:
             try:
                 self.finish_many(batch)
@@ -227,14 +232,8 @@ class WorkerPool:
         return len(self._messages)
 
     def drain(self) -> list[Message]:
-        """Remove and return every message queued but not started."""
-        drained: list[Message] = []
-        popleft = self._messages.popleft
-        while True:
-            try:
-                drained.append(popleft())
-            except IndexError:
-                return drained
+        """Remove and return every message queued but not started. Thread-safe."""
+        return _take_all(self._messages)
 
     def stop(self, timeout: float) -> bool:
         """Ask the workers to exit after their current message; True if all did in time. Then
@@ -310,7 +309,7 @@ class WorkerPool:
                         admitted = self._hand_over(collect, admitted)
                     try:
                         if screen(message):
-                            message._async = True
+                            message.is_async = True
                             admitted.append(message)
                     except BaseException as exc:
                         self._failed(exc, message)
@@ -411,27 +410,14 @@ class WorkerPool:
                 )
             self.requeue_or_give_up(message, exc)
             return False
-        if message._async:
+        if message.is_async:
             return False
         if self.finish_many is None:
             message.finish()
             return False
         # An application thread may be answering it right now: the first answer wins; claimed,
-        # it is finished with the worker's next batch (Message._claim(None), inline: once per
-        # message on the worker's hot path). acquire()/release(), not `with`: `with` costs
-        # ~1k instructions more (its __enter__/__exit__ lookups and calls), 7 % of what a
-        # consumed message costs. The price: an exception raised into this task just as
-        # acquire() returns would leave the lock held. Only a KeyboardInterrupt or SystemExit
-        # from a signal handler can do that, and only under gevent (worker threads receive no
-        # signals) with start() rather than run(), which handles SIGINT without raising.
-        lock = _fork.claim_lock
-        lock.acquire()
-        if message._responded:
-            lock.release()
-            return False
-        message._responded = True
-        lock.release()
-        return True
+        # it is finished with the worker's next batch.
+        return message.claim(None)
 
     def _last_attempt(self, message: Message) -> bool:
         return 0 < self.max_attempts <= message.attempts

@@ -154,6 +154,25 @@ class RDYManager:
             share = 1 if base == 0 else base + (1 if index < extra else 0)
             self._shares[key] = min(share, conn.max_rdy)
 
+    def in_flight(self, key: Hashable) -> int:
+        """Messages in flight on ``key`` (0 for a key not added, or None)."""
+        conn = self.conns.get(key)
+        return 0 if conn is None else conn.in_flight
+
+    def total_in_flight(self) -> int:
+        """Messages in flight over every connection."""
+        return sum(c.in_flight for c in self.conns.values())
+
+    def holdings(self) -> list[tuple[Hashable, ConnRDY]]:
+        """Every connection's key and state (read them; only the manager changes them)."""
+        return list(self.conns.items())
+
+    def take_woken(self) -> bool:
+        """True once after credit that was scarce found an nsqd waking up (see ``woke_at``):
+        the caller wakes its timer, whose next deadline moved."""
+        woken, self.woken = self.woken, False
+        return woken
+
     def is_starved(self) -> bool:
         """True when some connection has at least 85 % of its RDY in flight: the handler is the
         bottleneck and batching handlers should flush."""

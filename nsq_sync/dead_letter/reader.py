@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ from nsq_sync.config import Config, positive_int
 from nsq_sync.consumer import Consumer
 from nsq_sync.consumer.dead_letters import CHANNEL
 from nsq_sync.consumer.envelope import FORMAT_VERSION, DeadLetterRecord, parse
+from nsq_sync.consumer.parts import ConsumerParts, PartsUser
 from nsq_sync.consumer.running import run_to_end
 from nsq_sync.durations import positive_seconds
 from nsq_sync.errors import (
@@ -120,10 +121,11 @@ class _Reading:
         self._closing = False
         self.max_in_flight = max_in_flight
         self.reason: str | None = None  # set when this (not run()) ended the reading
+        self._handler = _Handler(handler)
         self.consumer = Consumer(
             validate_topic(topic),
             CHANNEL,
-            handler,
+            self._handler,
             config=config,
             runtime=overrides.pop("runtime", "auto"),
             max_in_flight=max_in_flight,
@@ -151,7 +153,7 @@ class _Reading:
         if self.reason is None:
             self.reason = reason
         self.consumer.set_max_in_flight(0)
-        self.consumer._end_run()
+        self._handler.parts.control.end_run()
 
     def stop(self) -> None:
         """run()'s stop: no more credit, the held messages requeued, then a graceful stop."""
@@ -166,9 +168,36 @@ class _Reading:
     def run(self, idle_timeout: float, timeout: float | None) -> str:
         """Read until idle (or another end); returns the reason."""
         summary = run_to_end(
-            self.consumer, idle_timeout=idle_timeout, timeout=timeout, stop=self.stop
+            self.consumer,
+            self._handler.parts.control,
+            idle_timeout=idle_timeout,
+            timeout=timeout,
+            stop=self.stop,
         )
         return self.reason or summary.reason
+
+
+class _Handler(PartsUser):
+    """The reading consumer's handler: ``handler``, with the consumer's parts at hand (its run
+    control ends the reading from a handler)."""
+
+    __slots__ = ("handler", "_parts")
+
+    def __init__(self, handler: Callable[[Message], object]) -> None:
+        self.handler = handler
+        self._parts: ConsumerParts | None = None
+
+    def __call__(self, message: Message) -> None:
+        self.handler(message)
+
+    def attach(self, parts: ConsumerParts) -> None:
+        self._parts = parts
+
+    @property
+    def parts(self) -> ConsumerParts:
+        parts = self._parts
+        assert parts is not None  # attached in Consumer.__init__
+        return parts
 
 
 def _servers(

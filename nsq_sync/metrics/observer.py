@@ -92,7 +92,8 @@ class Observed(Protocol):
     topic: str
     channel: str
 
-    def _observe(self, observer: ConsumerObserver | None) -> None: ...
+    def observe(self, observer: ConsumerObserver | None) -> None:
+        """Report to ``observer`` from now on (None: to nothing)."""
 
 
 #: the installed backends, in the order they were enabled
@@ -110,7 +111,7 @@ def install(backend: Backend) -> None:
     _backends.append(backend)
     publisher = _fan_publishers([b.publisher() for b in _backends])
     for consumer in list(_tracked or ()):
-        consumer._observe(consumer_observer(consumer.topic, consumer.channel))
+        consumer.observe(consumer_observer(consumer.topic, consumer.channel))
 
 
 def uninstall_all() -> None:
@@ -119,7 +120,7 @@ def uninstall_all() -> None:
     _backends.clear()
     publisher = None
     for consumer in list(_tracked or ()):
-        consumer._observe(None)
+        consumer.observe(None)
 
 
 def consumer_observer(topic: str, channel: str) -> ConsumerObserver | None:
@@ -136,7 +137,7 @@ def track(consumer: Observed) -> None:
     if _tracked is None:
         _tracked = weakref.WeakSet()
     _tracked.add(consumer)
-    consumer._observe(consumer_observer(consumer.topic, consumer.channel))
+    consumer.observe(consumer_observer(consumer.topic, consumer.channel))
 
 
 def _fan_publishers(observers: list[PublishObserver]) -> PublishObserver | None:

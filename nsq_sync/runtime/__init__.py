@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from nsq_sync import process as _fork
+from nsq_sync import process
 
 __all__ = [
     "AutoRuntime",
@@ -96,6 +96,17 @@ def warn_if_patched_late(runtime: Runtime, what: str) -> None:
         )
 
 
+class _Choice:
+    """What "auto" decided in one process, and whether it warned about a late patch there."""
+
+    __slots__ = ("runtime", "made_in", "warned")
+
+    def __init__(self) -> None:
+        self.runtime = resolve_runtime(_detected())
+        self.made_in = process.Stamp()
+        self.warned = False
+
+
 class AutoRuntime:
     """``runtime="auto"`` decided lazily: at the first use in each process (the first lock,
     task or socket asked of it there), again after a fork. Reading :attr:`name` decides nothing.
@@ -106,41 +117,39 @@ class AutoRuntime:
     """
 
     def __init__(self) -> None:
-        self._impl: Runtime | None = None
-        self._generation = -1
-        self._warned = False
+        self._choice: _Choice | None = None  # made at its first use in each process
+
+    def _current(self) -> _Choice | None:
+        choice = self._choice
+        return choice if choice is not None and choice.made_in.is_current() else None
 
     @property
     def name(self) -> str:
         """``"threads"`` or ``"gevent"``: the decision in this process, or (before it is made)
         what it would be now."""
-        impl = self._impl
-        if impl is not None and self._generation == _fork.current():
-            return impl.name
-        return _detected()
+        choice = self._current()
+        return _detected() if choice is None else choice.runtime.name
 
     def resolve(self) -> Runtime:
         """The concrete runtime of this process, deciding it now if not yet decided here.
-        Warns once per process if gevent patched the process after threads were chosen."""
-        impl = self._impl
-        if impl is None or self._generation != _fork.current():
-            impl = resolve_runtime(_detected())
-            self._impl, self._generation, self._warned = impl, _fork.current(), False
-        elif not self._warned:
+        Warns once per process if gevent patched the process after threads were chosen.
+        Thread-safe (threads deciding at once decide alike)."""
+        choice = self._current()
+        if choice is None:
+            choice = self._choice = _Choice()
+        elif not choice.warned:
             self.patched_late()
-        return impl
+        return choice.runtime
 
     def patched_late(self) -> bool:
         """True (with a RuntimeWarning, once per process) when threads were chosen here and
         gevent has patched the process since."""
-        impl = self._impl
-        if impl is None or impl.name != "threads" or self._generation != _fork.current():
+        choice = self._current()
+        if choice is None or not patched_after(choice.runtime):
             return False
-        if not _gevent_patched():
-            return False
-        if not self._warned:
-            self._warned = True
-            warn_if_patched_late(impl, "nsq_sync client")
+        if not choice.warned:
+            choice.warned = True
+            warn_if_patched_late(choice.runtime, "nsq_sync client")
         return True
 
     def spawn(self, fn: Callable[..., Any], *args: Any, name: str) -> Task:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
+
+from nsq_sync import process
 
 log = logging.getLogger(__name__)
 
-_frozen_in: int | None = None  # the pid of the process that froze (a forked child did not)
+_frozen_in: process.Stamp | None = None  # the process that froze (a forked child did not)
 
 
 def freeze_worker_heap() -> None:
@@ -33,10 +34,9 @@ def freeze_worker_heap() -> None:
     executor-side code only, inside a task. Not thread-safe (a Python worker runs one task at a
     time)."""
     global _frozen_in
-    pid = os.getpid()
-    if _frozen_in == pid:
+    if _frozen_in is not None and _frozen_in.is_current():
         return
-    _frozen_in = pid
+    _frozen_in = process.Stamp()
     # what the source's and the sink's tasks use, imported first so that it is frozen too
     import pyarrow.compute  # noqa: F401
     import pyarrow.fs  # noqa: F401
@@ -44,4 +44,6 @@ def freeze_worker_heap() -> None:
 
     gc.collect()
     gc.freeze()
-    log.debug("nsq_sync: froze %d objects of Python worker %d", gc.get_freeze_count(), pid)
+    log.debug(
+        "nsq_sync: froze %d objects of Python worker %d", gc.get_freeze_count(), _frozen_in.pid
+    )

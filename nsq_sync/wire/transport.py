@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from nsq_sync import process as _fork
+from nsq_sync import process
 from nsq_sync.addresses import parse_address
 from nsq_sync.errors import (
     ConnectionClosed,
@@ -68,17 +68,17 @@ class Transport:
         self._writing = False
         self.closed = False
         host, port = parse_address(address)
-        generation = _fork.current()
+        made_in = process.Stamp()
         try:
             sock = runtime.create_connection((host, port), dial_timeout)
         except socket.timeout as exc:
             raise ConnectTimeout(f"connect timed out after {dial_timeout} s", address) from exc
         except OSError as exc:
             raise NSQConnectionError(f"cannot connect: {exc}", address) from exc
-        if generation != _fork.current():
+        if not made_in.is_current():
             # Under gevent a dial in progress at a fork resumes in the child too, on the same
             # socket: it belongs to the parent (see nsq_sync.process).
-            _fork.close_socket(sock)
+            process.close_socket(sock)
             raise NSQConnectionError("the process forked while connecting", address)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rsock: Any = sock
@@ -395,7 +395,7 @@ class Transport:
         connection down (the parent still uses it). Takes no lock; idempotent."""
         self.closed = True
         for sock in (self._wsock, self._rsock):
-            _fork.close_socket(sock)  # close(2) only; shutdown(2) would cut the parent too
+            process.close_socket(sock)  # close(2) only; shutdown(2) would cut the parent too
 
     def close(self) -> None:
         """Close both socket handles; a reader blocked in :meth:`recv` wakes up. Idempotent."""

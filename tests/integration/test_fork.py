@@ -501,10 +501,11 @@ def test_a_message_answer_in_progress_at_the_fork_does_not_block_the_child() -> 
         def touch(self, message: Message) -> None:
             self.calls.append("touch")
 
+    from nsq_sync import message as message_module
     from nsq_sync import process as fork_state
 
     fork_state.install()  # what a started Consumer or a Producer does
-    with fork_state.claim_lock:  # the answering thread, caught at the fork
+    with message_module.claim_lock:  # the answering thread, caught at the fork
         pid = os_fork()
         if pid == 0:  # pragma: no cover - the child reports through its exit status
             code = 1

@@ -37,6 +37,7 @@ from support.forking import (
 from support.nsq import settled_channel, wait_for
 
 from nsq_sync import Consumer, Message, NsqdHTTPClient, Producer
+from nsq_sync import message as message_module
 from nsq_sync import process as fork_state
 from nsq_sync.errors import Stopped
 from nsq_sync.testing import NsqdProcess
@@ -286,7 +287,7 @@ def test_c_fork_consumer_made_in_the_child_answers_while_the_parent_held_the_cla
         return {"got": len(got), "finished": summary.finished, "reason": summary.reason}
 
     # the parent's thread caught answering a message at the fork
-    child = _fork_while_held(fork_state.claim_lock, work)
+    child = _fork_while_held(message_module.claim_lock, work)
     result = child.result()
     assert child.finish() == 0
     assert result == {"got": 10, "finished": 10, "reason": "max_messages"}, result

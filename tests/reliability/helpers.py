@@ -88,7 +88,7 @@ class Tally:
     def __call__(self, message: Message) -> None:
         if self.action is not None:
             self.action(message)
-        conn = message._conn
+        conn = message.connection
         now = time.monotonic()
         with self.lock:
             self.counts[message.body] += 1

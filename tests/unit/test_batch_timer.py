@@ -42,21 +42,22 @@ def test_the_open_batch_is_timed_from_its_own_first_message(
     consumer = BatchConsumer(
         "t", "c", lambda batch: None, batch_size=batch_size, nsqd_tcp_addresses=["127.0.0.1:1"]
     )
+    batcher = consumer._batcher  # the open batch and its timer
     with mock.patch("nsq_sync.consumer.batch.time", SimpleNamespace(monotonic=clock.monotonic)):
         arrived: list[float] = []  # the model: each open message's arrival, in order
         sent = 0
         for step in steps:
             if step == "take":
-                with consumer._lock:
-                    taken = consumer._take()
+                with batcher._lock:
+                    taken = batcher._take()
                 assert len(taken) == min(batch_size, len(arrived))
                 del arrived[:batch_size]
             else:
                 # one hand-over from the worker: what it took at one wake-up
                 clock.now += 1.0
-                consumer._collect_many([_message(sent + i) for i in range(step)])
+                batcher.collect_many([_message(sent + i) for i in range(step)])
                 arrived.extend([clock.now] * step)
                 sent += step
-            assert len(consumer._open) == len(arrived)
+            assert len(batcher._open) == len(arrived)
             # the open batch's timer, then each later batch's (batch_size messages apart)
-            assert consumer._arrived == arrived[::batch_size]
+            assert batcher._arrived == arrived[::batch_size]

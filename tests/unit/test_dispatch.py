@@ -589,7 +589,7 @@ def test_a_collecting_worker_hands_over_what_it_admits_in_order_and_answers_the_
     h.stop()
     # what was admitted goes to its batch before each give-up (which may wait on a publish)
     assert [[m.id for m in batch] for batch in collected] == [[first.id], [second.id], [last.id]]
-    assert all(m._async and not m.has_responded for batch in collected for m in batch)
+    assert all(m.is_async and not m.has_responded for batch in collected for m in batch)
     assert ("handler", first.id) not in h.events
     assert sorted(h.responder.calls) == sorted(
         [

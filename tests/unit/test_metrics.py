@@ -47,7 +47,7 @@ def test_counters_and_gauges_follow_the_consumers_events(registry: object) -> No
     assert _value(registry, "nsq_sync_messages_received_total", **at_a) == 5
     assert _value(registry, "nsq_sync_in_flight", **at_a) == 5
     for m in messages[:3]:
-        assert m._claim(None)
+        assert m.claim(None)
     s.responder.finish_many(messages[:3])  # a worker's batch
     messages[3].requeue(0.0, backoff=False)
     messages[4].finish()

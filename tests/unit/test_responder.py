@@ -61,7 +61,7 @@ class Setup:
             backoff=ExponentialBackoff(1.0, 60.0) if backoff else None,
             clock=lambda: self.clock,
         )
-        self.conns = ConnectionSet("t", "c", Config(), runtime, self.rdy, LOG)
+        self.conns = ConnectionSet("t", "c", Config(), runtime, LOG, self.rdy)
         self.flusher = Flusher(runtime, LOG)  # not started: flushed by hand (stop)
         self.responder = ConsumerResponder(self.conns, self.flusher, Config(), LOG)
         self.delivered: list[Message] = []
@@ -88,7 +88,7 @@ def test_a_workers_batch_of_fins_is_one_write_per_connection_and_counted_once() 
     messages = s.receive(a, 3) + s.receive(b, 2, first=10)
     assert s.conns.snapshot().in_flight == 5
     wire_a, wire_b = len(a.wire), len(b.wire)
-    assert all(m._claim(None) for m in messages)  # as a worker claims them
+    assert all(m.claim(None) for m in messages)  # as a worker claims them
     s.responder.finish_many(messages)
     assert a.wire[wire_a:] == [b"".join(b"FIN %s\n" % m.id for m in messages[:3])]
     assert b.wire[wire_b:] == [b"".join(b"FIN %s\n" % m.id for m in messages[3:])]

@@ -1,0 +1,128 @@
+"""A consumer's lifecycle state, and what ``run()`` needs of a consumer: :class:`Lifecycle`.
+
+One per Consumer, made once: it outlives the parts, which ``runtime="auto"`` may build again at
+``start()`` (:meth:`Lifecycle.attach` moves its state onto the new ones). It holds the process
+the consumer started in, the stop request that wakes ``run()``, and the SystemExit or
+KeyboardInterrupt a handler raised; it is the :class:`~nsq_sync.consumer.running.RunControl`
+that :func:`~nsq_sync.consumer.running.run_to_end` drives. What is built on a Consumer
+(BatchConsumer, dead_letter's reading) gets it as ``ConsumerParts.control``. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from nsq_sync import process
+from nsq_sync.consumer.connections import ConnectionSet
+from nsq_sync.consumer.discovery import Discovery
+from nsq_sync.consumer.workers import WorkerPool
+from nsq_sync.errors import Stopped
+from nsq_sync.message import Message
+from nsq_sync.runtime import Runtime
+
+__all__ = ["Lifecycle"]
+
+
+class Lifecycle:
+    """See the module. :meth:`attach` must be called with the consumer's parts before any other
+    method."""
+
+    def __init__(self) -> None:
+        self._started_in: process.Stamp | None = None
+        self._fatal: BaseException | None = None
+        self._stop_requested: Any = None  # an event of the parts' runtime (attach)
+        self._admit: Callable[[Message], bool] | None = None
+        self._connections: ConnectionSet | None = None
+        self._pool: WorkerPool | None = None
+        self._discovery: Discovery | None = None
+
+    def attach(
+        self,
+        runtime: Runtime,
+        connections: ConnectionSet,
+        pool: WorkerPool,
+        discovery: Discovery,
+    ) -> None:
+        """Work with these parts from now on (built at construction, or again at start() on
+        another runtime): the stop request and run()'s gate move onto them."""
+        requested = self._stop_requested is not None and self._stop_requested.is_set()
+        self._stop_requested = runtime.event()
+        if requested:  # a signal run() caught before start() rebuilt the parts
+            self._stop_requested.set()
+        self._connections, self._pool, self._discovery = connections, pool, discovery
+        pool.admit = self._admit
+
+    # ------------------------------------------------------------------ the consumer's
+
+    def started(self) -> None:
+        """The consumer started in this process."""
+        self._started_in = process.Stamp()
+
+    def check_process(self) -> None:
+        """Raise Stopped in a forked child of the process that started the consumer: its threads
+        and connections stay in the parent. Takes no lock (one may be held since the fork)."""
+        started_in = self._started_in
+        if started_in is None or started_in.is_current():
+            return
+        raise Stopped(
+            f"this Consumer was started in process {started_in.pid} before it forked; its "
+            f"threads and connections stay in that process and cannot be shared with this one "
+            f"(pid {os.getpid()}). Create and start a new Consumer in each process after the "
+            "fork (for example in gunicorn's post_fork hook, a uwsgidecorators.postfork "
+            "function under uWSGI, or a multiprocessing pool initializer)"
+        )
+
+    def request_stop(self) -> None:
+        """stop() began (or a signal asked for it): run() wakes. Safe in a signal handler."""
+        self._stop_requested.set()
+
+    def set_fatal(self, error: BaseException) -> None:
+        """A handler raised ``error`` (SystemExit, KeyboardInterrupt); the first one is kept."""
+        if self._fatal is None:
+            self._fatal = error
+
+    # ------------------------------------------------------------------ RunControl
+
+    def set_admit(self, admit: Callable[[Message], bool] | None) -> None:
+        """Call ``admit(message)`` before each message is handled; False requeues it at once."""
+        self._admit = admit
+        assert self._pool is not None
+        self._pool.admit = admit
+
+    def set_budget(self, deliveries: int) -> None:
+        """Let nsqd deliver at most ``deliveries`` more messages (those queued for the workers
+        are among them)."""
+        assert self._connections is not None and self._pool is not None
+        self._connections.set_budget(max(0, deliveries - self._pool.queued()))
+
+    def pause(self) -> None:
+        """Receive nothing more (RDY 0 everywhere)."""
+        assert self._connections is not None
+        self._connections.set_max_in_flight(0)
+
+    def credit(self) -> tuple[int, int, int]:
+        """(messages nsqds may still send, messages in flight, messages received so far)."""
+        assert self._connections is not None
+        return self._connections.credit()
+
+    def nothing_to_consume(self) -> bool:
+        """True when there is no nsqd to consume from: no direct address, none connected, and
+        lookupd answered that no nsqd carries the topic (unlike reconnecting, nothing will
+        arrive)."""
+        assert self._connections is not None and self._discovery is not None
+        return not self._connections.addresses() and self._discovery.knows_no_nsqd()
+
+    def end_run(self) -> None:
+        """Make the run end now (it then stops gracefully); safe in a signal handler."""
+        self._stop_requested.set()
+
+    def wait_stopping(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever) for a stop request; True once it
+        came."""
+        return bool(self._stop_requested.wait(timeout))
+
+    def fatal_error(self) -> BaseException | None:
+        """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
+        return self._fatal

@@ -30,7 +30,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from nsq_sync._version import __version__
-from nsq_sync.addresses import parse_address, parse_http_address
+from nsq_sync.cli.arguments import (
+    PROG,
+    UsageError,
+    add_common,
+    add_subcommand,
+    merge_common,
+    non_negative_seconds,
+    positive_int,
+    positive_seconds,
+)
 from nsq_sync.cli.dead_letter import (
     add_dead_letter_command,
     add_dead_letter_flags,
@@ -41,7 +50,6 @@ from nsq_sync.cli.output import STATS_COLUMNS, stats_rows, table, writer
 from nsq_sync.cli.progress import Progress
 from nsq_sync.cli.servers import (
     Unreachable,
-    UsageError,
     check_nsqd,
     check_sources,
     guard_backlog,
@@ -71,58 +79,8 @@ __all__ = ["main"]
 
 log = logging.getLogger("nsq_sync.cli")
 
-PROG = "nsq-sync"
-#: (dest, flag, metavar, help) of the options every subcommand takes, before or after its name
-COMMON = (
-    ("nsqd_tcp_addresses", "--nsqd-tcp-address", "HOST:PORT", "an nsqd's TCP address"),
-    ("lookupd_http_addresses", "--lookupd-http-address", "URL", "an nsqlookupd's HTTP address"),
-    ("nsqd_http_addresses", "--nsqd-http-address", "URL", "an nsqd's HTTP address"),
-)
+
 # --------------------------------------------------------------------------- parsing
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    if text.strip() in ("0", "0.0"):
-        return 0.0
-    return _positive_float(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
-def _add_common(parser: argparse.ArgumentParser, prefix: str) -> None:
-    """The common options, stored under ``prefix + dest`` (so values given before and after
-    the subcommand are merged instead of one overwriting the other)."""
-    group = parser.add_argument_group("servers")
-    for dest, flag, metavar, text in COMMON:
-        group.add_argument(
-            flag,
-            dest=prefix + dest,
-            metavar=metavar,
-            action="append",
-            default=[],
-            help=text + " (repeatable)",
-        )
-    parser.add_argument(
-        "-v", "--verbose", dest=prefix + "verbose", action="count", default=0, help="more logs"
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,27 +88,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Publish to, read from and inspect NSQ from a shell."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _add_common(parser, "top_")
+    add_common(parser, "top_")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
     def command(name: str, text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=text, description=text)
-        _add_common(sub, "sub_")
-        return sub
+        return add_subcommand(commands, name, text)
 
     pub = command("pub", "publish BODY arguments, or one message per stdin line")
     pub.add_argument("topic", metavar="TOPIC")
     pub.add_argument("bodies", metavar="BODY", nargs="*", help="message bodies (UTF-8)")
-    pub.add_argument("--delay", type=_non_negative_float, help="defer each message S seconds")
-    pub.add_argument("--batch", type=_positive_int, default=1, help="N messages per MPUB")
-    pub.add_argument("--rate", type=_positive_float, help="at most R messages per second")
+    pub.add_argument("--delay", type=non_negative_seconds, help="defer each message S seconds")
+    pub.add_argument("--batch", type=positive_int, default=1, help="N messages per MPUB")
+    pub.add_argument("--rate", type=positive_seconds, help="at most R messages per second")
     pub.set_defaults(func=cmd_pub)
 
     tail = command("tail", "print messages as they arrive (an ephemeral channel by default)")
     tail.add_argument("topic", metavar="TOPIC")
     tail.add_argument("-c", "--channel", help="channel (default: a new ephemeral one)")
-    tail.add_argument("-n", type=_positive_int, dest="count", help="exit after N messages")
+    tail.add_argument("-n", type=positive_int, dest="count", help="exit after N messages")
     tail.add_argument("--format", choices=("raw", "json"), default="raw")
     tail.add_argument(
         "--take-backlog",
@@ -158,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="on a topic with no channel yet, read the messages nsqd keeps for its first "
         "channel (by default tail refuses: its ephemeral channel would lose them)",
     )
-    add_dead_letter_flags(tail, _positive_int)
+    add_dead_letter_flags(tail)
     add_metrics_options(tail)
     tail.set_defaults(func=cmd_tail)
 
@@ -166,12 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("topic", metavar="TOPIC")
     drain.add_argument("channel", metavar="CHANNEL")
     drain.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    drain.add_argument("--idle-timeout", type=_positive_float, default=5.0, metavar="S")
-    drain.add_argument("--max-messages", type=_positive_int, metavar="N")
-    drain.add_argument("--timeout", type=_positive_float, metavar="S", help="stop after S s")
-    drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
+    drain.add_argument("--idle-timeout", type=positive_seconds, default=5.0, metavar="S")
+    drain.add_argument("--max-messages", type=positive_int, metavar="N")
+    drain.add_argument("--timeout", type=positive_seconds, metavar="S", help="stop after S s")
+    drain.add_argument("--max-in-flight", type=positive_int, default=100, metavar="N")
     drain.add_argument("--format", choices=("raw", "json"), default="raw")
-    add_dead_letter_flags(drain, _positive_int)
+    add_dead_letter_flags(drain)
     add_metrics_options(drain)
     drain.set_defaults(func=cmd_drain)
 
@@ -183,18 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     lookup.add_argument("topic", metavar="TOPIC")
     lookup.set_defaults(func=cmd_lookup)
 
-    add_dead_letter_command(commands, _add_common, _positive_int, _positive_float)
+    add_dead_letter_command(commands)
     return parser
-
-
-def _merge_common(args: argparse.Namespace) -> None:
-    for dest, *_ in COMMON:
-        setattr(args, dest, getattr(args, "top_" + dest) + getattr(args, "sub_" + dest))
-    args.verbose = args.top_verbose + args.sub_verbose
-    for address in args.nsqd_tcp_addresses:
-        parse_address(address)  # ConfigError names the bad one
-    args.lookupd_http_addresses = [parse_http_address(a)[0] for a in args.lookupd_http_addresses]
-    args.nsqd_http_addresses = [parse_http_address(a)[0] for a in args.nsqd_http_addresses]
 
 
 # --------------------------------------------------------------------------- errors
@@ -211,15 +157,8 @@ def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: A
         # Writing a message out is its handling: never give one up (the default give-up
         # finishes it unwritten), however often other consumers failed on it before; unless
         # --dead-letter-topic keeps what is given up there.
-        **{"max_attempts": 0, **options, **_dead_letter(args)},
+        **{"max_attempts": 0, **options, **dead_letter_options(args)},
     )
-
-
-def _dead_letter(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        return dead_letter_options(args)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- commands
@@ -455,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     where = f"{PROG} {args.command}"
     try:
-        _merge_common(args)
+        merge_common(args)
     except ConfigError as exc:
         parser.error(str(exc))
     level = logging.WARNING - 10 * min(args.verbose, 2)

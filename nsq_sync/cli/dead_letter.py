@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from nsq_sync import dead_letter
+from nsq_sync.cli.arguments import UsageError, add_subcommand, positive_int, positive_seconds
 from nsq_sync.cli.servers import check_sources
 from nsq_sync.config import Config
 from nsq_sync.protocol.names import validate_topic
@@ -29,8 +29,8 @@ PREVIEW = 40
 ERROR_WIDTH = 60
 
 
-def add_dead_letter_flags(parser: argparse.ArgumentParser, positive_int: Any) -> None:
-    """``--dead-letter-topic`` and ``--max-attempts`` (tail and drain)."""
+def add_dead_letter_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--dead-letter-topic`` and ``--max-attempts`` to ``parser`` (tail and drain)."""
     parser.add_argument(
         "--dead-letter-topic",
         metavar="TOPIC",
@@ -51,23 +51,19 @@ def dead_letter_options(args: argparse.Namespace) -> dict[str, Any]:
     """The Consumer options of tail/drain's dead-letter flags (none without a topic).
 
     Raises:
-        ValueError (a UsageError from the caller's module): ``--max-attempts`` alone.
+        UsageError: ``--max-attempts`` without ``--dead-letter-topic``.
     """
     if args.dead_letter_topic is None:
         if args.max_attempts is not None:
-            raise ValueError("--max-attempts needs --dead-letter-topic (else nothing is given up)")
+            raise UsageError("--max-attempts needs --dead-letter-topic (else nothing is given up)")
         return {}
     attempts = Config().max_attempts if args.max_attempts is None else args.max_attempts
     return {"dead_letter_topic": args.dead_letter_topic, "max_attempts": attempts}
 
 
-def add_dead_letter_command(
-    commands: Any,
-    add_common: Callable[[argparse.ArgumentParser, str], None],
-    positive_int: Any,
-    positive_float: Any,
-) -> None:
-    """Register ``dead-letter list`` and ``dead-letter replay`` under ``commands``."""
+def add_dead_letter_command(commands: Any) -> None:
+    """Add ``dead-letter list`` and ``dead-letter replay`` to ``commands`` (the main parser's
+    ``add_subparsers()``)."""
     group = commands.add_parser(
         "dead-letter",
         help="list or replay the messages of a dead-letter topic",
@@ -79,10 +75,7 @@ def add_dead_letter_command(
 
     def action(name: str, help: str, description: str) -> argparse.ArgumentParser:
         """An ACTION: it reads a dead-letter TOPIC from the servers of the common options."""
-        parser: argparse.ArgumentParser = actions.add_parser(
-            name, help=help, description=description
-        )
-        add_common(parser, "sub_")
+        parser = add_subcommand(actions, name, help, description)
         parser.add_argument("topic", metavar="TOPIC")
         return parser
 
@@ -93,7 +86,7 @@ def add_dead_letter_command(
         "origin, error, body preview. Each message is put back as it was.",
     )
     listing.add_argument("--limit", type=positive_int, default=1000, metavar="N")
-    listing.add_argument("--idle-timeout", type=positive_float, default=2.0, metavar="S")
+    listing.add_argument("--idle-timeout", type=positive_seconds, default=2.0, metavar="S")
     listing.set_defaults(func=cmd_list)
 
     replay = action(
@@ -105,12 +98,13 @@ def add_dead_letter_command(
     replay.add_argument("--to", metavar="TOPIC", help="republish everything to this topic")
     replay.add_argument("--max-messages", type=positive_int, metavar="N")
     replay.add_argument("--where", metavar="TEXT", help="only messages whose error contains TEXT")
-    replay.add_argument("--idle-timeout", type=positive_float, default=2.0, metavar="S")
+    replay.add_argument("--idle-timeout", type=positive_seconds, default=2.0, metavar="S")
     replay.add_argument("--max-in-flight", type=positive_int, default=100, metavar="N")
     replay.set_defaults(func=cmd_replay)
 
 
 def _servers(args: argparse.Namespace) -> dict[str, Any]:
+    """The server options of list_messages() and replay(), once check_sources() passed."""
     check_sources(args)
     return {
         "nsqd_tcp_addresses": args.nsqd_tcp_addresses,
@@ -158,6 +152,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """``dead-letter list``: the table to stdout, the count to stderr; returns 0."""
     topic = validate_topic(args.topic)
     listing = dead_letter.list_messages(
         topic, limit=args.limit, idle_timeout=args.idle_timeout, **_servers(args)
@@ -171,6 +166,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """``dead-letter replay``: the summary to stderr; returns 0, or 1 if a republish failed."""
     topic = validate_topic(args.topic)
     summary = dead_letter.replay(
         topic,

@@ -9,7 +9,8 @@
     nsq-sync dead-letter list TOPIC    [--limit N] [--idle-timeout S]
     nsq-sync dead-letter replay TOPIC  [--to T] [--max-messages N] [--where TEXT]
 
-tail and drain also take ``--dead-letter-topic T [--max-attempts N]`` (nsq_sync.cli.dead_letter).
+tail and drain also take ``--dead-letter-topic T [--max-attempts N]`` (nsq_sync.cli.dead_letter),
+and ``--metrics-port PORT`` (nsq_sync.cli.metrics).
 
 Common options, before or after the subcommand: ``--nsqd-tcp-address HOST:PORT`` and
 ``--lookupd-http-address URL`` (both repeatable), ``--nsqd-http-address URL`` (repeatable),
@@ -22,440 +23,50 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import random
 import sys
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Sequence
 
 from nsq_sync._version import __version__
-from nsq_sync.addresses import parse_address, parse_http_address
-from nsq_sync.cli.dead_letter import (
-    add_dead_letter_command,
-    add_dead_letter_flags,
-    dead_letter_options,
-)
-from nsq_sync.cli.metrics import add_metrics_options, serve_metrics
-from nsq_sync.cli.output import STATS_COLUMNS, stats_rows, table, writer
-from nsq_sync.cli.progress import Progress
-from nsq_sync.cli.servers import (
-    Unreachable,
-    UsageError,
-    check_nsqd,
-    check_sources,
-    guard_backlog,
-    host_port,
-    http_call,
-    lookup,
-    lookupd_answers,
-    reachable,
-    why,
-)
-from nsq_sync.consumer import Consumer
+from nsq_sync.cli.arguments import PROG, UsageError, add_common, merge_common
+from nsq_sync.cli.commands import add_commands
+from nsq_sync.cli.dead_letter import add_dead_letter_command
+from nsq_sync.cli.output import stdout_to_devnull
+from nsq_sync.cli.servers import Unreachable, why
 from nsq_sync.errors import (
     ConfigError,
-    HTTPAPIError,
     InvalidBody,
     InvalidName,
     NSQConnectionError,
     NSQError,
     PublishError,
 )
-from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.http.lookupd import LookupdClient
-from nsq_sync.producer import Producer
-from nsq_sync.protocol.names import validate_channel, validate_topic
 
-__all__ = ["main"]
-
-log = logging.getLogger("nsq_sync.cli")
-
-PROG = "nsq-sync"
-#: (dest, flag, metavar, help) of the options every subcommand takes, before or after its name
-COMMON = (
-    ("nsqd_tcp_addresses", "--nsqd-tcp-address", "HOST:PORT", "an nsqd's TCP address"),
-    ("lookupd_http_addresses", "--lookupd-http-address", "URL", "an nsqlookupd's HTTP address"),
-    ("nsqd_http_addresses", "--nsqd-http-address", "URL", "an nsqd's HTTP address"),
-)
-# --------------------------------------------------------------------------- parsing
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be seconds > 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    if text.strip() in ("0", "0.0"):
-        return 0.0
-    return _positive_float(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
-def _add_common(parser: argparse.ArgumentParser, prefix: str) -> None:
-    """The common options, stored under ``prefix + dest`` (so values given before and after
-    the subcommand are merged instead of one overwriting the other)."""
-    group = parser.add_argument_group("servers")
-    for dest, flag, metavar, text in COMMON:
-        group.add_argument(
-            flag,
-            dest=prefix + dest,
-            metavar=metavar,
-            action="append",
-            default=[],
-            help=text + " (repeatable)",
-        )
-    parser.add_argument(
-        "-v", "--verbose", dest=prefix + "verbose", action="count", default=0, help="more logs"
-    )
+__all__ = ["build_parser", "main", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``nsq-sync`` parser: ``--version``, the common options, and every subcommand."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Publish to, read from and inspect NSQ from a shell."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _add_common(parser, "top_")
+    add_common(parser, "top_")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=text, description=text)
-        _add_common(sub, "sub_")
-        return sub
-
-    pub = command("pub", "publish BODY arguments, or one message per stdin line")
-    pub.add_argument("topic", metavar="TOPIC")
-    pub.add_argument("bodies", metavar="BODY", nargs="*", help="message bodies (UTF-8)")
-    pub.add_argument("--delay", type=_non_negative_float, help="defer each message S seconds")
-    pub.add_argument("--batch", type=_positive_int, default=1, help="N messages per MPUB")
-    pub.add_argument("--rate", type=_positive_float, help="at most R messages per second")
-    pub.set_defaults(func=cmd_pub)
-
-    tail = command("tail", "print messages as they arrive (an ephemeral channel by default)")
-    tail.add_argument("topic", metavar="TOPIC")
-    tail.add_argument("-c", "--channel", help="channel (default: a new ephemeral one)")
-    tail.add_argument("-n", type=_positive_int, dest="count", help="exit after N messages")
-    tail.add_argument("--format", choices=("raw", "json"), default="raw")
-    tail.add_argument(
-        "--take-backlog",
-        action="store_true",
-        help="on a topic with no channel yet, read the messages nsqd keeps for its first "
-        "channel (by default tail refuses: its ephemeral channel would lose them)",
-    )
-    add_dead_letter_flags(tail, _positive_int)
-    add_metrics_options(tail)
-    tail.set_defaults(func=cmd_tail)
-
-    drain = command("drain", "consume a channel until it is idle, then exit")
-    drain.add_argument("topic", metavar="TOPIC")
-    drain.add_argument("channel", metavar="CHANNEL")
-    drain.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
-    drain.add_argument("--idle-timeout", type=_positive_float, default=5.0, metavar="S")
-    drain.add_argument("--max-messages", type=_positive_int, metavar="N")
-    drain.add_argument("--timeout", type=_positive_float, metavar="S", help="stop after S s")
-    drain.add_argument("--max-in-flight", type=_positive_int, default=100, metavar="N")
-    drain.add_argument("--format", choices=("raw", "json"), default="raw")
-    add_dead_letter_flags(drain, _positive_int)
-    add_metrics_options(drain)
-    drain.set_defaults(func=cmd_drain)
-
-    stats = command("stats", "topics and channels of nsqd(s) as a table")
-    stats.add_argument("--topic", help="only this topic")
-    stats.set_defaults(func=cmd_stats)
-
-    lookup = command("lookup", "the nsqds that carry TOPIC, from nsqlookupd")
-    lookup.add_argument("topic", metavar="TOPIC")
-    lookup.set_defaults(func=cmd_lookup)
-
-    add_dead_letter_command(commands, _add_common, _positive_int, _positive_float)
+    add_commands(commands)
+    add_dead_letter_command(commands)
     return parser
 
 
-def _merge_common(args: argparse.Namespace) -> None:
-    for dest, *_ in COMMON:
-        setattr(args, dest, getattr(args, "top_" + dest) + getattr(args, "sub_" + dest))
-    args.verbose = args.top_verbose + args.sub_verbose
-    for address in args.nsqd_tcp_addresses:
-        parse_address(address)  # ConfigError names the bad one
-    args.lookupd_http_addresses = [parse_http_address(a)[0] for a in args.lookupd_http_addresses]
-    args.nsqd_http_addresses = [parse_http_address(a)[0] for a in args.nsqd_http_addresses]
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def _consumer(args: argparse.Namespace, channel: str, handler: Any, **options: Any) -> Consumer:
-    return Consumer(
-        args.topic,
-        channel,
-        handler,
-        nsqd_tcp_addresses=args.nsqd_tcp_addresses,
-        lookupd_http_addresses=args.lookupd_http_addresses,
-        runtime="threads",
-        # Writing a message out is its handling: never give one up (the default give-up
-        # finishes it unwritten), however often other consumers failed on it before; unless
-        # --dead-letter-topic keeps what is given up there.
-        **{"max_attempts": 0, **options, **_dead_letter(args)},
-    )
-
-
-def _dead_letter(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        return dead_letter_options(args)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-# --------------------------------------------------------------------------- commands
-
-
-def _stdin_bodies(stdin: BinaryIO) -> Iterator[bytes]:
-    skipped = 0
-    for line in stdin:
-        body = line.rstrip(b"\n").rstrip(b"\r")
-        if body:
-            yield body
-        else:
-            skipped += 1
-    if skipped:
-        log.warning("skipped %d empty line(s): nsqd rejects empty messages", skipped)
-
-
-def _chunks(bodies: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
-    chunk: list[bytes] = []
-    for body in bodies:
-        chunk.append(body)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def cmd_pub(args: argparse.Namespace) -> int:
-    topic = validate_topic(args.topic)
-    if args.delay is not None and args.batch > 1:
-        raise UsageError("--delay publishes one message at a time (DPUB): drop --batch")
-    bodies: Iterable[bytes]
-    if args.bodies:
-        # UTF-8; argv bytes that are not UTF-8 (surrogate-escaped by Python) pass through as is
-        encoded = [b.encode("utf-8", "surrogateescape") for b in args.bodies]
-        for index, body in enumerate(encoded):
-            if not body:
-                raise InvalidBody(f"BODY {index + 1} is empty: nsqd rejects empty messages")
-        bodies = encoded
-    else:
-        if sys.stdin.isatty():  # not a silent wait: say what it waits for
-            print(
-                f"{PROG} pub: reading messages from standard input, one per line (end with Ctrl-D)",
-                file=sys.stderr,
-                flush=True,
-            )
-        bodies = _stdin_bodies(sys.stdin.buffer)
-    addresses = list(args.nsqd_tcp_addresses)
-    if not addresses and args.lookupd_http_addresses:
-        for nodes in lookupd_answers(args.lookupd_http_addresses, lambda c: c.nodes()):
-            addresses += [n.tcp_address for n in nodes if n.tcp_address not in addresses]
-        if not addresses:
-            raise Unreachable("no nsqd is registered with nsqlookupd")
-    if not addresses:
-        raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
-    # one clear line now rather than retries until the publish timeout when none is up; the
-    # reachable ones first (the producer fails over to the others if they come back)
-    up = reachable(addresses, check_nsqd)
-    addresses = up + [a for a in addresses if a not in up]
-    sent = 0
-    began = time.monotonic()
-    with Producer(addresses) as producer:
-        for chunk in _chunks(bodies, args.batch):
-            if args.rate is not None:  # pace: chunk k may start at k * batch / rate
-                wait = began + sent / args.rate - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-            if args.delay is not None:
-                producer.deferred_publish(topic, chunk[0], delay=args.delay)
-            elif len(chunk) == 1:
-                producer.publish(topic, chunk[0])
-            else:
-                producer.multi_publish(topic, chunk)
-            sent += len(chunk)
-    log.info("published %d message(s) to %s", sent, topic)
-    return 0
-
-
-def _stdout_to_devnull() -> None:
-    """Nobody reads standard output any more: later writes (the interpreter's last flush at
-    exit included) go to /dev/null instead of failing."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    finally:
-        os.close(devnull)
-
-
-class _ReaderGone:
-    """Called by the writer when nobody reads our standard output any more (``nsq-sync tail T |
-    head``): stop the consumer gracefully (what was written is finished, the rest requeued), and
-    point the descriptor at /dev/null so the interpreter's last flush does not fail at exit."""
-
-    def __init__(self) -> None:
-        self.consumer: Consumer | None = None
-
-    def __call__(self) -> None:
-        _stdout_to_devnull()
-        if self.consumer is not None:
-            # from a handler it returns at once; the stop goes on (its default deadline lets
-            # every message received be requeued before the connections close)
-            self.consumer.stop()
-
-
-def cmd_tail(args: argparse.Namespace) -> int:
-    validate_topic(args.topic)
-    if args.channel is None:
-        channel = f"nsq_sync_tail{random.randrange(10**6):06d}#ephemeral"
-    else:
-        channel = validate_channel(args.channel)
-    check_sources(args)
-    if channel.endswith("#ephemeral") and not args.take_backlog:
-        guard_backlog(args, args.topic, "--take-backlog")
-    serve_metrics(args)
-    max_in_flight = 200  # run(max_messages=) lowers it to what --count leaves
-    reader_gone = _ReaderGone()
-    consumer = _consumer(
-        args,
-        channel,
-        writer(sys.stdout.buffer, args.format, on_broken_pipe=reader_gone),
-        max_in_flight=max_in_flight,
-    )
-    reader_gone.consumer = consumer
-    summary = consumer.run(max_messages=args.count)
-    return summary.exit_status
-
-
-def cmd_drain(args: argparse.Namespace) -> int:
-    validate_topic(args.topic)
-    channel = validate_channel(args.channel)
-    check_sources(args)
-    no_nsqd = args.lookupd_http_addresses and not args.nsqd_tcp_addresses
-    if no_nsqd and not lookup(args, args.topic):
-        log.info("no nsqd carries %s: nothing to drain", args.topic)
-        return 0
-    serve_metrics(args)
-    progress = Progress(sys.stderr, "messages")
-    output: BinaryIO = sys.stdout.buffer
-    if args.output not in (None, "-"):
-        try:
-            output = open(args.output, "wb")  # noqa: SIM115 (closed below, after the run)
-        except OSError as exc:
-            raise UsageError(f"cannot open -o {args.output}: {exc.strerror or exc}") from None
-    reader_gone = _ReaderGone() if output is sys.stdout.buffer else None
-    try:
-        consumer = _consumer(
-            args,
-            channel,
-            writer(output, args.format, progress, on_broken_pipe=reader_gone),
-            max_in_flight=args.max_in_flight,
-        )
-        if reader_gone is not None:
-            reader_gone.consumer = consumer
-        progress.start()
-        summary = consumer.run(
-            timeout=args.timeout, idle_timeout=args.idle_timeout, max_messages=args.max_messages
-        )
-    finally:
-        if output is not sys.stdout.buffer:
-            try:
-                output.close()
-            except OSError as exc:
-                # Every message is written unbuffered before its FIN (_cli_output.writer):
-                # nothing of a finished message is left to write here.
-                log.warning(
-                    "closing %s: %s",
-                    args.output,
-                    exc.strerror or exc,
-                )
-    progress.close(
-        f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
-        f"{summary.elapsed:.1f} s ({progress.rate():.1f}/s; ended: {summary.reason})"
-    )
-    if not summary.ok:
-        log.error(
-            "%d handler call(s) failed and %d message(s) were given up; failed messages were "
-            "requeued",
-            summary.failed,
-            summary.gave_up,
-        )
-    return summary.exit_status
-
-
-def cmd_stats(args: argparse.Namespace) -> int:
-    topic = None if args.topic is None else validate_topic(args.topic)
-    addresses = list(args.nsqd_http_addresses)
-    if not addresses:
-        if not args.lookupd_http_addresses:
-            raise UsageError("needs --nsqd-http-address or --lookupd-http-address")
-        for address in args.lookupd_http_addresses:
-            with LookupdClient(address) as client:
-                nodes = http_call("nsqlookupd", client, lambda c: c.nodes())
-            addresses += [n.http_address for n in nodes if n.http_address not in addresses]
-    rows: list[list[str]] = []
-    failures: list[str] = []
-    for address in addresses:
-        with NsqdHTTPClient(address) as client:
-            try:
-                stats = http_call("nsqd", client, lambda c: c.stats(topic=topic))
-            except (Unreachable, HTTPAPIError) as exc:
-                failures.append(str(exc))
-                continue
-        rows += stats_rows(host_port(address), stats)
-    if rows or not failures:
-        sys.stdout.write(table(STATS_COLUMNS, rows))
-    for failure in failures:
-        print(f"{PROG} stats: {failure}", file=sys.stderr)
-    return 1 if failures else 0
-
-
-def cmd_lookup(args: argparse.Namespace) -> int:
-    topic = validate_topic(args.topic)
-    if not args.lookupd_http_addresses:
-        raise UsageError("needs --lookupd-http-address")
-    addresses = lookup(args, topic)
-    for address in addresses:
-        print(address)
-    if not addresses:
-        print(
-            f"{PROG} lookup: no nsqd carries topic {topic}: nsqlookupd has no nsqd registered for it",
-            file=sys.stderr,
-        )
-    return 0
-
-
-# --------------------------------------------------------------------------- main
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0, 1 or 2)."""
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit status:
+    0 done, 1 failures or a server unreachable, 2 bad usage (a line on stderr says which).
+    argparse's own usage errors, ``--help`` and ``--version`` raise SystemExit (2 or 0)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     where = f"{PROG} {args.command}"
     try:
-        _merge_common(args)
+        merge_common(args)
     except ConfigError as exc:
         parser.error(str(exc))
     level = logging.WARNING - 10 * min(args.verbose, 2)
@@ -464,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.func(args)
         return status
     except BrokenPipeError:  # `nsq-sync stats | head -1`: the reader had what it wanted
-        _stdout_to_devnull()
+        stdout_to_devnull()
         return 0
     except (UsageError, InvalidName, InvalidBody, ConfigError) as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
@@ -487,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The console script's entry point."""
+    """The console script's entry point: exit with :func:`main`'s status."""
     sys.exit(main())
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nsq_sync.cli.servers import UsageError
+from nsq_sync.cli.arguments import PROG, UsageError
 
 __all__ = ["add_metrics_options", "serve_metrics"]
 
@@ -30,6 +30,7 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _port(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (0: any free port). Raises ArgumentTypeError."""
     try:
         port = int(text)
     except ValueError:
@@ -39,7 +40,7 @@ def _port(text: str) -> int:
     return port
 
 
-def serve_metrics(args: argparse.Namespace, prog: str = "nsq-sync") -> None:
+def serve_metrics(args: argparse.Namespace) -> None:
     """With ``--metrics-port``: enable Prometheus metrics and serve them from a daemon thread
     for as long as the command runs; the URL goes to stderr.
 
@@ -61,7 +62,7 @@ def serve_metrics(args: argparse.Namespace, prog: str = "nsq-sync") -> None:
             f"{exc.strerror or exc}"
         ) from None
     print(
-        f"{prog} {args.command}: serving metrics on http://{args.metrics_address}:{port}/metrics",
+        f"{PROG} {args.command}: serving metrics on http://{args.metrics_address}:{port}/metrics",
         file=sys.stderr,
         flush=True,
     )

@@ -1,17 +1,29 @@
-"""Output of the ``nsq-sync`` command line: message lines (raw or JSON) and the stats table."""
+"""Output of the ``nsq-sync`` command line: message lines (raw or JSON), the stats table, and
+what is done when nobody reads standard output any more."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 from nsq_sync.cli.progress import Progress
+from nsq_sync.consumer import Consumer
 from nsq_sync.errors import RequeueMessage
 from nsq_sync.message import Message
 
-__all__ = ["STATS_COLUMNS", "format_message", "stats_rows", "table", "writer"]
+__all__ = [
+    "STATS_COLUMNS",
+    "ReaderGone",
+    "format_message",
+    "stats_rows",
+    "stdout_to_devnull",
+    "table",
+    "writer",
+]
 
 
 def format_message(message: Message, fmt: str) -> bytes:
@@ -86,6 +98,7 @@ STATS_COLUMNS = (
 
 
 def stats_rows(nsqd: str, stats: dict[str, Any]) -> list[list[str]]:
+    """The :data:`STATS_COLUMNS` rows of one nsqd's ``/stats``: each topic, then its channels."""
     rows = []
     for topic in sorted(stats.get("topics") or [], key=lambda t: str(t.get("topic_name"))):
         channels = topic.get("channels") or []
@@ -124,6 +137,8 @@ def stats_rows(nsqd: str, stats: dict[str, Any]) -> list[list[str]]:
 
 
 def table(header: Sequence[str], rows: list[list[str]]) -> str:
+    """``header`` and ``rows`` as aligned text columns (the counts right-aligned), one line
+    each."""
     widths = [max(len(r[i]) for r in [list(header), *rows]) for i in range(len(header))]
     numeric = set(range(3, len(header) - 1))  # the counts (PAUSED and names are text)
     lines = []
@@ -134,3 +149,29 @@ def table(header: Sequence[str], rows: list[list[str]]) -> str:
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def stdout_to_devnull() -> None:
+    """Point standard output's descriptor at /dev/null, once nobody reads it any more: later
+    writes (the interpreter's last flush at exit included) go nowhere instead of failing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+class ReaderGone:
+    """The ``on_broken_pipe`` of :func:`writer` on standard output (``nsq-sync tail T | head``):
+    calls :func:`stdout_to_devnull` and stops :attr:`consumer` gracefully (what was written is
+    finished, the rest requeued). Set :attr:`consumer` once the consumer is made."""
+
+    def __init__(self) -> None:
+        self.consumer: Consumer | None = None
+
+    def __call__(self) -> None:
+        stdout_to_devnull()
+        if self.consumer is not None:
+            # from a handler it returns at once; the stop goes on (its default deadline lets
+            # every message received be requeued before the connections close)
+            self.consumer.stop()

@@ -1,5 +1,6 @@
-"""The ``nsq-sync`` command line's servers: usage and reachability errors, the check before a
-run (one reachable server is enough), and nsqlookupd answers."""
+"""The ``nsq-sync`` command line's servers: the reachability error (:class:`Unreachable`, exit 1),
+the check before a run (one reachable server is enough), nsqlookupd answers, and the guard
+against an ephemeral channel taking a new topic's backlog."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from nsq_sync.cli.arguments import UsageError
 from nsq_sync.config import Config
 from nsq_sync.errors import HTTPAPIError, NSQConnectionError, NSQError
 from nsq_sync.http import NsqdHTTPClient
@@ -19,7 +21,6 @@ from nsq_sync.wire.connection import NsqdConnection
 __all__ = [
     "DIAL_TIMEOUT",
     "Unreachable",
-    "UsageError",
     "check_lookupd",
     "check_nsqd",
     "check_sources",
@@ -38,15 +39,12 @@ log = logging.getLogger("nsq_sync.cli")
 DIAL_TIMEOUT = 5.0
 
 
-class UsageError(Exception):
-    """Bad usage found after parsing (exit 2, nothing sent)."""
-
-
 class Unreachable(Exception):
     """A server could not be reached (exit 1); the message names its host:port."""
 
 
 def host_port(url_or_address: str) -> str:
+    """``host:port`` of a URL (an address as it is)."""
     return urlsplit(url_or_address).netloc or url_or_address
 
 
@@ -64,6 +62,7 @@ def why(exc: BaseException) -> str:
 
 
 def unreachable(what: str, address: str, exc: BaseException) -> Unreachable:
+    """The Unreachable naming ``what`` (``"nsqd"``) at ``address`` and why (``exc``)."""
     return Unreachable(f"cannot reach {what} {host_port(address)}: {why(exc)}")
 
 
@@ -103,6 +102,11 @@ def reachable(addresses: Sequence[str], check: Any) -> list[str]:
 
 
 def check_nsqd(address: str) -> None:
+    """Connect to the nsqd at the TCP ``address`` and close.
+
+    Raises:
+        Unreachable: no connection, or nsqd refused the handshake (TLS, AUTH, not nsqd...).
+    """
     # a full handshake: a bare TCP connect and close makes nsqd log an ERROR every run
     conn = NsqdConnection(address, Config(dial_timeout=DIAL_TIMEOUT), runtime="threads")
     try:
@@ -116,6 +120,7 @@ def check_nsqd(address: str) -> None:
 
 
 def check_lookupd(address: str) -> None:
+    """Ask the nsqlookupd at the HTTP ``address`` for its nodes. Raises Unreachable."""
     # /nodes, not /ping: nsqd answers /ping too, and a consumer given nsqd's HTTP address as a
     # lookupd's would then wait for ever on 404s from /lookup
     with LookupdClient(address) as client:
@@ -123,8 +128,8 @@ def check_lookupd(address: str) -> None:
 
 
 def lookupd_answers(addresses: Sequence[str], call: Any) -> list[Any]:
-    """``call(client)`` on every lookupd that answers (see _reachable: fails only when none
-    does)."""
+    """``call(client)`` on every lookupd that answers (see :func:`reachable`: raises Unreachable
+    only when none does)."""
     answers: list[Any] = []
 
     def ask(address: str) -> None:
@@ -136,7 +141,8 @@ def lookupd_answers(addresses: Sequence[str], call: Any) -> list[Any]:
 
 
 def lookup(args: argparse.Namespace, topic: str) -> list[str]:
-    """tcp addresses of the nsqds that carry ``topic``, from every lookupd (merged)."""
+    """The TCP addresses of the nsqds that carry ``topic``, from every lookupd that answers
+    (merged, sorted). Raises Unreachable when none answers."""
     found: set[str] = set()
     for producers in lookupd_answers(args.lookupd_http_addresses, lambda c: c.lookup(topic)):
         found.update(p.tcp_address for p in producers)
@@ -144,8 +150,13 @@ def lookup(args: argparse.Namespace, topic: str) -> list[str]:
 
 
 def check_sources(args: argparse.Namespace) -> None:
-    """Usage first (exit 2), then reachability (exit 1): nsqds accept connections, lookupds
-    answer."""
+    """Check the servers of ``args`` before a run: one nsqd that accepts a connection or one
+    lookupd that answers is enough (the others are warnings).
+
+    Raises:
+        UsageError: no server given (exit 2).
+        Unreachable: none of them could be reached (exit 1).
+    """
     if not args.nsqd_tcp_addresses and not args.lookupd_http_addresses:
         raise UsageError("needs --nsqd-tcp-address or --lookupd-http-address")
     # any one reachable source will do (the consumer reconnects to the others)

@@ -8,7 +8,6 @@ Exit status: 0 after SIGTERM/SIGINT (a graceful stop) or a run that ended with n
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils.module_loading import import_string
 
+from nsq_sync.cli.arguments import positive_int, positive_seconds
 from nsq_sync.contrib._common import make_consumer, run_to_exit_status, show_logs
 from nsq_sync.contrib.django import get_settings
 from nsq_sync.errors import NSQError
@@ -24,19 +24,6 @@ from nsq_sync.message import Message
 
 #: --verbosity (0-3) -> the lowest level shown when nsq_sync's logs go to stderr
 _LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}
-
-
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
 
 
 def load_handler(path: str) -> Callable[[Message], Any]:
@@ -81,31 +68,31 @@ class Command(BaseCommand):
             help="dotted path of a function called with each message, or with a list of them "
             "with --batch-size (returns: FIN; raises: REQ)",
         )
-        parser.add_argument("--concurrency", type=_positive(int), default=1)
+        parser.add_argument("--concurrency", type=positive_int, default=1)
         parser.add_argument(
             "--max-in-flight",
-            type=_positive(int),
+            type=positive_int,
             default=None,
             help="default: NSQ['max_in_flight'], at least --concurrency",
         )
         parser.add_argument(
             "--idle-timeout",
-            type=_positive(float),
+            type=positive_seconds,
             default=None,
             help="stop after this many seconds without a message",
         )
         parser.add_argument(
-            "--max-messages", type=_positive(int), default=None, help="stop after N messages"
+            "--max-messages", type=positive_int, default=None, help="stop after N messages"
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive(int),
+            type=positive_int,
             default=None,
             help="the handler receives a list of up to N messages (one batch at a time)",
         )
         parser.add_argument(
             "--batch-timeout",
-            type=_positive(float),
+            type=positive_seconds,
             default=None,
             help="seconds a batch waits for more messages after its first (default 1)",
         )

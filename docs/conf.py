@@ -80,7 +80,7 @@ nitpick_ignore_regex = [
     # never a Python name, and the text renders as written.
     (r"py:(exc|class|obj)", r".*\s.*"),
     (r"py:exc", r"404"),
-    # Internal names the dispatch and running module docstrings mention.
+    # Internal names the consumer.workers and consumer.running module docstrings mention.
     (r"py:(meth|func)", r"(WorkerPool\.submit_many|run_to_end)"),
 ]
 

@@ -264,10 +264,8 @@ class HTTPClientBase:
         client's.
 
         Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            HTTPAPIError (LookupdError from a LookupdClient): the request failed, e.g. a 404
-                (the client's docstring says when).
-            Stopped: the client is closed.
+            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
+                :meth:`create_topic`.
         """
         self._topic_op("delete", topic)
 
@@ -288,10 +286,8 @@ class HTTPClientBase:
         client's.
 
         Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            HTTPAPIError (LookupdError from a LookupdClient): the request failed, e.g. a 404
-                (the client's docstring says when).
-            Stopped: the client is closed.
+            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
+                :meth:`create_channel`.
         """
         self._channel_op("delete", topic, channel)
 

@@ -72,12 +72,15 @@ nitpick_ignore_regex = [
         r"(Handler|GiveUpHandler|BatchHandler|Responder|NsqdConnection|StrPath|Flask|Duration)",
     ),
     (r"py:class", r"nsq_sync(\.\w+)*\._\w+(\.\w+)*"),
+    # The HTTP clients' shared base (show-inheritance names it): not for direct use; its methods
+    # are documented on NsqdHTTPClient and LookupdClient (:inherited-members:).
+    (r"py:class", r"nsq_sync\.http\.base\.HTTPClientBase"),
     # napoleon reads a Raises entry such as "HTTPAPIError (404 ``TOPIC_NOT_FOUND``)" or an Args
     # entry such as "runtime and any Config option" as a name; a target with a space in it is
     # never a Python name, and the text renders as written.
     (r"py:(exc|class|obj)", r".*\s.*"),
     (r"py:exc", r"404"),
-    # Internal names the dispatch and running module docstrings mention.
+    # Internal names the consumer.workers and consumer.running module docstrings mention.
     (r"py:(meth|func)", r"(WorkerPool\.submit_many|run_to_end)"),
 ]
 

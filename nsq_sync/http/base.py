@@ -8,8 +8,10 @@ Both servers speak the same small HTTP dialect, so one base class owns what they
   tools' flags). Anything else, such as a missing port, an ``ftp://`` scheme or a path, is a
   configuration mistake and fails at construction with the address in the message, rather than
   as a confusing 404 on the first request.
-- One constructor, one ``ping`` and one ``info`` for both clients, and a timeout checked by
-  :func:`nsq_sync.config.to_seconds` like every other duration.
+- One constructor, one ``ping``, one ``info`` and one each of the topic and channel calls both
+  servers take (``create_topic``, ``delete_topic``, ``create_channel``, ``delete_channel``) for
+  both clients, and a timeout checked by :func:`nsq_sync.config.to_seconds` like every other
+  duration.
 - One ``requests.Session`` per client, so keep-alive connections are reused. Creating a Session
   does no I/O, so constructing a client never touches the network.
 - A timeout on every request. requests waits forever by default, and a hung nsqlookupd must not
@@ -242,6 +244,52 @@ class HTTPClientBase:
             Stopped: the client is closed.
         """
         return self._get_json_object("/info")
+
+    # ------------------------------------------------------------------ topic and channel admin
+    # Both servers take the same requests; what each does with them is in its client's docstring.
+
+    def create_topic(self, topic: str) -> None:
+        """Create a topic (``POST /topic/create``); a no-op if it exists. Thread-safety: as the
+        client's.
+
+        Raises:
+            InvalidName: a bad topic name (nothing is sent).
+            HTTPAPIError (LookupdError from a LookupdClient): the request failed.
+            Stopped: the client is closed.
+        """
+        self._topic_op("create", topic)
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete a topic and its channels (``POST /topic/delete``). Thread-safety: as the
+        client's.
+
+        Raises:
+            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
+                :meth:`create_topic`.
+        """
+        self._topic_op("delete", topic)
+
+    def create_channel(self, topic: str, channel: str) -> None:
+        """Create a channel of a topic (``POST /channel/create``); a no-op if it exists.
+        Thread-safety: as the client's.
+
+        Raises:
+            InvalidName: a bad topic or channel name (nothing is sent).
+            HTTPAPIError (LookupdError from a LookupdClient): the request failed, e.g. a 404
+                (the client's docstring says when).
+            Stopped: the client is closed.
+        """
+        self._channel_op("create", topic, channel)
+
+    def delete_channel(self, topic: str, channel: str) -> None:
+        """Delete a channel of a topic (``POST /channel/delete``). Thread-safety: as the
+        client's.
+
+        Raises:
+            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
+                :meth:`create_channel`.
+        """
+        self._channel_op("delete", topic, channel)
 
     # ------------------------------------------------------------------ for subclasses
 

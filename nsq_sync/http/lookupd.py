@@ -138,6 +138,13 @@ class LookupdClient(HTTPClientBase):
     Safe to use after ``fork()``: a client that owns its session opens new connections in the
     child.
 
+    Topic and channel administration on nsqlookupd changes registrations only:
+    :meth:`create_topic` registers a topic without any producer, and :meth:`create_channel` its
+    topic too if needed. :meth:`delete_topic` removes a topic's registrations (its channels too)
+    and succeeds for an unknown topic, but nsqds that still carry the topic register it again on
+    their next update: delete it on the nsqds as well. :meth:`delete_channel` is 404
+    ``CHANNEL_NOT_FOUND`` for an unknown channel.
+
     Args:
         address: ``host:port``, ``http://host:port`` or ``https://host:port``.
         timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) allowed for
@@ -211,49 +218,6 @@ class LookupdClient(HTTPClientBase):
             Stopped: the client is closed.
         """
         return self._get_json_object("/nodes")
-
-    def create_topic(self, topic: str) -> None:
-        """Register a topic in nsqlookupd without any producer (no-op if it exists).
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            LookupdError: the request failed.
-            Stopped: the client is closed.
-        """
-        self._topic_op("create", topic)
-
-    def delete_topic(self, topic: str) -> None:
-        """Remove a topic's registrations (its channels too). Succeeds for unknown topics.
-
-        nsqds that still carry the topic register it again on their next update; delete it on
-        the nsqds as well.
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            LookupdError: the request failed.
-            Stopped: the client is closed.
-        """
-        self._topic_op("delete", topic)
-
-    def create_channel(self, topic: str, channel: str) -> None:
-        """Register a channel (and its topic if needed) in nsqlookupd. No-op if it exists.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            LookupdError: the request failed.
-            Stopped: the client is closed.
-        """
-        self._channel_op("create", topic, channel)
-
-    def delete_channel(self, topic: str, channel: str) -> None:
-        """Remove a channel's registration.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            LookupdError: the request failed; 404 ``CHANNEL_NOT_FOUND`` for an unknown channel.
-            Stopped: the client is closed.
-        """
-        self._channel_op("delete", topic, channel)
 
     def tombstone_topic_producer(self, topic: str, node: str) -> None:
         """Hide one nsqd from :meth:`lookup` of ``topic`` for nsqlookupd's tombstone lifetime

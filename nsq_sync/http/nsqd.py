@@ -75,6 +75,12 @@ class NsqdHTTPClient(HTTPClientBase):
     supported pattern is one client per thread; clients are cheap. Safe to use after ``fork()``:
     a client that owns its session opens new connections in the child.
 
+    Topic and channel administration on nsqd: :meth:`delete_topic` deletes the topic's channels
+    and messages, and is 404 ``TOPIC_NOT_FOUND`` for an unknown topic; :meth:`create_channel` and
+    every other channel operation need the topic to exist already (404 ``TOPIC_NOT_FOUND``);
+    :meth:`delete_channel` deletes the channel's messages, and is 404 ``CHANNEL_NOT_FOUND`` for an
+    unknown channel.
+
     Args:
         address: ``host:port``, ``http://host:port`` or ``https://host:port``.
         timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) allowed for
@@ -249,26 +255,7 @@ class NsqdHTTPClient(HTTPClientBase):
         self._request("POST", "/mpub", params, payload)
 
     # ------------------------------------------------------------------ topic admin
-
-    def create_topic(self, topic: str) -> None:
-        """Create a topic (no-op if it exists).
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            HTTPAPIError: the request failed.
-            Stopped: the client is closed.
-        """
-        self._topic_op("create", topic)
-
-    def delete_topic(self, topic: str) -> None:
-        """Delete a topic with its channels and messages.
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            HTTPAPIError: the request failed; 404 ``TOPIC_NOT_FOUND`` if there is no such topic.
-            Stopped: the client is closed.
-        """
-        self._topic_op("delete", topic)
+    # create_topic, delete_topic, create_channel and delete_channel are HTTPClientBase's.
 
     def empty_topic(self, topic: str) -> None:
         """Drop the messages queued in the topic itself (its channels keep theirs).
@@ -295,26 +282,6 @@ class NsqdHTTPClient(HTTPClientBase):
         self._topic_op("unpause", topic)
 
     # ------------------------------------------------------------------ channel admin
-
-    def create_channel(self, topic: str, channel: str) -> None:
-        """Create a channel (no-op if it exists). nsqd needs the topic to exist already.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            HTTPAPIError: the request failed; 404 ``TOPIC_NOT_FOUND`` without the topic.
-            Stopped: the client is closed.
-        """
-        self._channel_op("create", topic, channel)
-
-    def delete_channel(self, topic: str, channel: str) -> None:
-        """Delete a channel and its messages.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            HTTPAPIError: the request failed; 404 ``TOPIC_NOT_FOUND`` or ``CHANNEL_NOT_FOUND``.
-            Stopped: the client is closed.
-        """
-        self._channel_op("delete", topic, channel)
 
     def empty_channel(self, topic: str, channel: str) -> None:
         """Drop every message of a channel, deferred and in-flight ones included.

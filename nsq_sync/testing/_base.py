@@ -50,7 +50,6 @@ DEFAULT_START_TIMEOUT = 15.0
 #: How long ``stop()`` waits after SIGTERM before it sends SIGKILL, by default.
 DEFAULT_STOP_TIMEOUT = 10.0
 
-_HOST = "127.0.0.1"
 _LISTEN_RE = re.compile(r"\b(TCP|HTTP|HTTPS): listening on (\S+)")
 _ADDR_IN_USE = "address already in use"
 _KILL_WAIT = 10.0  # a SIGKILLed process is reaped well within this
@@ -63,24 +62,24 @@ class NsqProcessError(RuntimeError):
     """
 
 
-# Every process object ever started, so that the pytest plugin can find the ones a test used and
-# so that servers still running when the interpreter exits are not left behind.
+# Every process object ever started, with the serial of its latest start, so that the pytest
+# plugin can find the ones a test started (processes_started_after), and the running ones, so
+# that servers still running when the interpreter exits are not left behind.
 _registry_lock = threading.Lock()
-_all_processes: weakref.WeakSet[NsqProcess] = weakref.WeakSet()
+_start_serials: weakref.WeakKeyDictionary[NsqProcess, int] = weakref.WeakKeyDictionary()
 _running: set[NsqProcess] = set()
 _start_counter = itertools.count(1)
 _atexit_registered = False
 
 
-def _register_start(proc: NsqProcess) -> int:
+def _register_start(proc: NsqProcess) -> None:
     global _atexit_registered
     with _registry_lock:
-        _all_processes.add(proc)
+        _start_serials[proc] = next(_start_counter)
         _running.add(proc)
         if not _atexit_registered:
             atexit.register(_stop_all_at_exit)
             _atexit_registered = True
-        return next(_start_counter)
 
 
 def _register_stop(proc: NsqProcess) -> None:
@@ -88,16 +87,23 @@ def _register_stop(proc: NsqProcess) -> None:
         _running.discard(proc)
 
 
-def _current_start_serial() -> int:
-    """Return a number smaller than the serial of every process started after this call."""
+def current_start_serial() -> int:
+    """A number smaller than the start serial of every process started after this call; pass it
+    to :func:`processes_started_after`. Thread-safe; never raises.
+    """
     with _registry_lock:
         # itertools.count cannot be peeked; consuming one value keeps the ordering intact.
         return next(_start_counter)
 
 
-def _known_processes() -> list[NsqProcess]:
+def processes_started_after(serial: int) -> list[NsqProcess]:
+    """The process objects (still referenced somewhere) whose latest start came after
+    :func:`current_start_serial` returned ``serial``, in the order they started. Thread-safe;
+    never raises.
+    """
     with _registry_lock:
-        return sorted(_all_processes, key=lambda p: p._start_serial)
+        started = [(n, proc) for proc, n in _start_serials.items() if n > serial]
+    return [proc for _, proc in sorted(started, key=lambda item: item[0])]
 
 
 def stop_all_running(timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
@@ -165,7 +171,6 @@ class NsqProcess:
         self._log_path = self._work_dir / f"{self.name}.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._addresses: dict[str, str] = {}
-        self._start_serial = 0
         self._closed = False
         self._final_log: str | None = None
         self._last_command = ""
@@ -364,7 +369,7 @@ class NsqProcess:
                 cwd=self._work_dir,
                 close_fds=True,
             )
-        self._start_serial = _register_start(self)
+        _register_start(self)
 
     def _wait_ready(self, deadline: float) -> None:
         proc = self._proc

@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 import requests
 
 from nsq_sync.testing._base import (
-    _HOST,
     DEFAULT_START_TIMEOUT,
     DEFAULT_STOP_TIMEOUT,
     NsqProcess,
@@ -43,6 +42,8 @@ __all__ = [
 ]
 
 _TLS_FLAGS = ("tls-cert", "tls-key", "tls-root-ca-file")
+# Every server listens on loopback only (see _base: ports are the kernel's choice).
+_HOST = "127.0.0.1"
 
 # nsqd derives its default --node-id (the prefix of every message ID it makes) from the hostname,
 # so nsqds on one machine would share it and could hand out equal message IDs; give each its own.

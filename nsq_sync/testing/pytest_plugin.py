@@ -39,7 +39,7 @@ import pytest
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-from nsq_sync.testing._base import _current_start_serial, _known_processes
+from nsq_sync.testing._base import current_start_serial, processes_started_after
 from nsq_sync.testing.process import (
     Cluster,
     NsqBinaryNotFound,
@@ -309,16 +309,15 @@ def nsq_topic(request: pytest.FixtureRequest) -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Remember which processes already existed, to find the ones this test starts."""
-    item.stash[_START_SERIAL] = _current_start_serial()
+    item.stash[_START_SERIAL] = current_start_serial()
 
 
 def _processes_of(item: pytest.Item) -> list[NsqProcess]:
     found: dict[int, NsqProcess] = {}
     serial = item.stash.get(_START_SERIAL, None)
     if serial is not None:
-        for proc in _known_processes():
-            if proc._start_serial > serial:
-                found.setdefault(id(proc), proc)
+        for proc in processes_started_after(serial):
+            found.setdefault(id(proc), proc)
     funcargs: dict[str, Any] = getattr(item, "funcargs", None) or {}
     for value in funcargs.values():
         procs: Iterable[NsqProcess] = ()

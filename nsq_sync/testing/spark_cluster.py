@@ -217,6 +217,12 @@ class SparkStandaloneCluster:
                 raise SparkClusterError(f"timed out waiting for {what}:\n{_tail(self._logs[-1])}")
             time.sleep(0.25)
 
+    @property
+    def is_running(self) -> bool:
+        """Whether the cluster was started and every daemon of it (the master, each worker) is
+        still running. Not thread-safe, as the class; never raises."""
+        return bool(self._procs) and all(proc.poll() is None for proc in self._procs)
+
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the workers (and their executors), then the master. Idempotent."""
         for proc in reversed(self._procs):
@@ -311,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        while not stop and all(p.poll() is None for p in cluster._procs):
+        while not stop and cluster.is_running:
             time.sleep(0.5)
     finally:
         cluster.stop()

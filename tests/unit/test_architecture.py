@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 from .test_layers import LAYERS, MODULES, PACKAGE_DIR
 

@@ -148,3 +148,49 @@ def import_without(monkeypatch: pytest.MonkeyPatch, module: str, missing: str) -
 
 def test_nsq_sync_spark_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "pip install nsq_sync[spark]" in import_without(monkeypatch, "nsq_sync.spark", "pyspark")
+
+
+#: the public names of every documented module path (README, docs/api.md, DESIGN's contract)
+DOCUMENTED = {
+    "nsq_sync": [
+        "BatchConsumer",
+        "Config",
+        "Consumer",
+        "ConsumerStats",
+        "DeadLetter",
+        "LookupdClient",
+        "Message",
+        "NSQError",
+        "NsqdHTTPClient",
+        "Producer",
+        "RequeueMessage",
+        "RunSummary",
+    ],
+    "nsq_sync.consumer": ["Consumer", "BatchConsumer", "ConsumerStats", "ConnectionStats"],
+    "nsq_sync.producer": ["Producer"],
+    "nsq_sync.http": ["NsqdHTTPClient", "LookupdClient", "ProducerInfo"],
+    "nsq_sync.dead_letter": ["list_messages", "replay", "parse", "DeadLetterRecord", "CHANNEL"],
+    "nsq_sync.metrics": ["enable_prometheus", "enable_otel", "disable", "serve_prometheus"],
+    "nsq_sync.contrib.django": ["publish", "get_producer"],
+    "nsq_sync.contrib.flask": ["NSQ"],
+    "nsq_sync.testing": ["NsqdProcess", "NsqlookupdProcess"],
+    "nsq_sync.testing.pytest_plugin": ["NsqdFactory", "ClusterFactory"],
+    "nsq_sync.errors": ["NSQError", "ConfigError", "PublishError", "ServerError"],
+    "nsq_sync.config": ["Config", "parse_duration", "to_seconds"],
+    "nsq_sync.cli": ["main", "run"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(DOCUMENTED))
+def test_every_documented_module_path_imports_with_its_names(module: str) -> None:
+    imported = importlib.import_module(module)
+    missing = [name for name in DOCUMENTED[module] if not hasattr(imported, name)]
+    assert not missing, f"{module} lacks {missing}"
+
+
+def test_every_name_in_all_imports() -> None:
+    import nsq_sync
+
+    assert sorted(nsq_sync.__all__) == sorted([*DOCUMENTED["nsq_sync"], "__version__"])
+    for name in nsq_sync.__all__:
+        assert getattr(nsq_sync, name) is not None

@@ -1,9 +1,7 @@
 """nsq_sync: a synchronous NSQ client for threads and gevent.
 
-    from nsq_sync import Consumer, Producer, Message, Config, NsqdHTTPClient, LookupdClient
-Importing the package starts nothing: no threads, no monkey patching, no hostname lookups, no
-logging configuration (only a NullHandler on the ``nsq_sync`` logger), and no optional
-dependency (gevent, snappy, pyspark) is imported.
+Importing it starts nothing: no threads, no monkey patching, no hostname lookups, no logging
+configuration (a NullHandler only), and no optional dependency (gevent, snappy, pyspark).
 """
 
 from __future__ import annotations

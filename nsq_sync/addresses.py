@@ -1,14 +1,7 @@
-"""Addresses as users write them: one parser for ``host:port``, one for nsqd/nsqlookupd HTTP
-addresses, one for lists of addresses.
-
-One rule for IPv6 everywhere (TCP and HTTP, arguments, Config options, settings, Spark options,
-the command line), Go's ``net.SplitHostPort`` rule: an IPv6 host is written in brackets,
-``[::1]:4150``. ``::1:4150`` is refused rather than guessed at (is the port ``4150``, or part of
-the address?). Zone ids (``[fe80::1%eth0]``) are not supported: URLs would need ``%25eth0``.
-
-Every function here is pure and raises :class:`~nsq_sync.errors.ConfigError` naming the value
-and what is wrong with it, so a bad address fails where it is configured, before any I/O.
-"""
+"""Addresses as users write them, with one IPv6 rule everywhere (Go's ``net.SplitHostPort``): an
+IPv6 host is bracketed, ``[::1]:4150``; ``::1:4150`` is refused rather than guessed at, and
+zone ids are not supported. Every function is pure and raises ConfigError naming the value
+and the problem, so a bad address fails where it is configured, before any I/O."""
 
 from __future__ import annotations
 
@@ -33,19 +26,8 @@ _IPV6_RE = re.compile(r"[0-9A-Fa-f:.]+")
 def split_host_port(
     text: str, *, what: str = "address", original: object = None
 ) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` for IPv6) into host and port.
-
-    Args:
-        text: the address, without scheme.
-        what: how the error message refers to the value.
-        original: the value as the user wrote it, for the error message (default ``text``).
-
-    Returns:
-        ``(host, port)``; IPv6 hosts are returned without brackets.
-
-    Raises:
-        ConfigError: naming the address and what is wrong with it.
-    """
+    """``host:port`` (``[v6]:port``) as ``(host, port)``, IPv6 hosts without brackets; else
+    ConfigError, where ``what`` names the value and ``original`` is it as written."""
     shown = text if original is None else original
 
     def bad(reason: str) -> ConfigError:
@@ -85,15 +67,8 @@ def join_host_port(host: str, port: int) -> str:
 
 
 def parse_address(address: object, what: str = "nsqd TCP address") -> tuple[str, int]:
-    """Validate an nsqd TCP address (``host:port``, ``[v6]:port``) and split it.
-
-    Returns:
-        ``(host, port)``; IPv6 hosts without brackets.
-
-    Raises:
-        ConfigError: not a str, a URL given instead of ``host:port``, no port, a port that is not
-            a number in 1-65535, an unbracketed IPv6 address or an invalid host name.
-    """
+    """Validate an nsqd TCP address (``host:port``, ``[v6]:port``) and split it as
+    :func:`split_host_port` does; ConfigError for a URL or anything else not ``host:port``."""
     if not isinstance(address, str):
         raise ConfigError(
             f"invalid {what} {address!r}: expected a str like 'host:port', "
@@ -105,21 +80,10 @@ def parse_address(address: object, what: str = "nsqd TCP address") -> tuple[str,
 
 
 def parse_http_address(address: object) -> tuple[str, str]:
-    """Normalise an nsqd/nsqlookupd HTTP address.
-
-    Accepts ``host:port``, ``http://host:port`` and ``https://host:port`` (surrounding whitespace
-    and a single trailing ``/`` are ignored; the scheme is case-insensitive).
-
-    Args:
-        address: what the user configured.
-
-    Returns:
-        ``(base_url, host_port)``, e.g. ``("http://127.0.0.1:4151", "127.0.0.1:4151")``.
-
-    Raises:
-        ConfigError: naming the address, for a non-str, a missing host or port, a scheme other than
-            http/https, or a path, query, fragment or credentials.
-    """
+    """Normalise an nsqd/nsqlookupd HTTP address: ``host:port``, ``http://host:port`` or
+    ``https://host:port`` (whitespace and one trailing ``/`` ignored) as ``(base_url,
+    host_port)``. Raises ConfigError for a non-str, a missing host or port, another scheme, or a
+    path, query, fragment or credentials."""
     if not isinstance(address, str):
         raise ConfigError(
             f"invalid HTTP address {address!r}: expected a str like 'host:port' or "
@@ -154,16 +118,9 @@ def parse_http_address(address: object) -> tuple[str, str]:
 
 
 def address_list(name: str, value: object) -> tuple[str, ...]:
-    """One address, a comma-separated string of them, or a list of them, as a tuple of strings.
-
-    ``"h1:4150, h2:4150"`` is split at the commas (whitespace around each address is dropped),
-    so an environment variable, a Django setting or a Spark option can carry a list. The
-    addresses themselves are checked by :func:`parse_address` / :func:`parse_http_address`.
-
-    Raises:
-        ConfigError: not a string or a list of strings, or an empty entry (``"a,,b"``); names
-            ``name``.
-    """
+    """One address, a comma-separated string of them or a list, as a tuple of strings (the
+    addresses themselves are checked by :func:`parse_address` and :func:`parse_http_address`).
+    Raises ConfigError, naming ``name``, for anything else or an empty entry (``"a,,b"``)."""
     if isinstance(value, str):
         if not value.strip():
             raise ConfigError(f"{name} must be 'host:port' or a list of them, got {value!r}")

@@ -1,10 +1,5 @@
-"""Backoff strategies (pure: an RNG is injected, no clock).
-
-``compute(level)`` returns the seconds to wait at a backoff level >= 1: ``multiplier * 2**level``
-capped at ``max_duration`` (exponential), or a uniform draw below that (full jitter, which
-spreads many consumers' retries apart). :func:`reconnect_delay` is the wait before dialling an
-nsqd again, for the consumer's discovery and the producer's slots alike.
-"""
+"""Backoff strategies (pure: an RNG is injected, no clock). :func:`reconnect_delay` is the wait
+before dialling an nsqd again, for the consumer's discovery and the producer's slots alike."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ class ExponentialBackoff:
         return float(min(self.max_duration, self.multiplier * (2.0 ** min(level, 62))))
 
     def max_level(self) -> int:
-        """The first level whose duration reaches ``max_duration`` (levels above add nothing)."""
+        """The first level whose duration reaches ``max_duration``."""
         level = 1
         while self.multiplier * 2.0**level < self.max_duration and level < 62:
             level += 1
@@ -54,7 +49,6 @@ def make_backoff(
 
 def reconnect_delay(failures: int, first: float, cap: float, rng: random.Random) -> float:
     """Seconds before dialling an nsqd again after ``failures`` (>= 1) failed attempts in a row:
-    ``first * 2**(failures - 1)``, at most ``cap``, times a uniform draw in [0.5, 1] ("equal
-    jitter": never less than half, so a retry is not immediate; spread, so that clients that lost
-    the same nsqd do not all come back at once)."""
+    ``first * 2**(failures - 1)``, at most ``cap``, times a uniform draw in [0.5, 1] (never
+    immediate, and spread so that clients that lost the same nsqd do not come back at once)."""
     return float(min(cap, first * 2 ** min(failures - 1, 16))) * (0.5 + rng.random() / 2)

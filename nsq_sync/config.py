@@ -1,19 +1,10 @@
 """One frozen, validated :class:`Config` for consumers, producers and connections.
 
-Option names are go-nsq's, in snake_case. Durations are float seconds everywhere
-(:class:`datetime.timedelta` and strings such as ``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are
-accepted and converted). Every check raises :class:`~nsq_sync.errors.ConfigError` naming the
-option; :func:`to_seconds` is the one check for every duration a public method takes (a timeout,
-a requeue or publish delay), so a bad one raises the same error wherever it is passed.
-:func:`parse_duration`, :func:`to_seconds` and :data:`Duration` live in
-:mod:`nsq_sync.durations` and are importable from here as well.
-
-Address lists (``nsqd_tcp_addresses``, ``lookupd_http_addresses``) are a list of strings or one
-string; a string holding several addresses separated by commas (``"h1:4150,h2:4150"``, as in an
-environment variable) is split at the commas (:func:`address_list`, which lives with the
-address parsers in :mod:`nsq_sync.addresses`).
-
-Objects copy the Config they are given (it is frozen), so nothing shares mutable configuration.
+Option names are go-nsq's, in snake_case; durations are float seconds (timedeltas and strings
+such as ``"250ms"`` are converted). Every check raises :class:`~nsq_sync.errors.ConfigError`
+naming the option. :func:`parse_duration`, :func:`to_seconds` and :data:`Duration`
+(:mod:`nsq_sync.durations`) and :func:`address_list` (:mod:`nsq_sync.addresses`) are
+importable from here as well. A Config is immutable, so objects share it safely.
 """
 
 from __future__ import annotations
@@ -50,12 +41,8 @@ _TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
 
 
 def positive_int(name: str, value: object) -> int | None:
-    """None, or ``value`` when it is an int >= 1 (a bool is not): the check of every count a
-    public call takes (``max_messages``, ``batch_size``, ``concurrency``...).
-
-    Raises:
-        ConfigError: anything else; the message names ``name``.
-    """
+    """None, or ``value`` when it is an int >= 1 (not a bool): the check of every count a public
+    call takes (``max_messages``, ``batch_size``...). Else ConfigError naming ``name``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

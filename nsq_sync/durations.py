@@ -1,14 +1,7 @@
-"""Durations: what every public duration argument takes, and the one check for it.
-
-Durations are float seconds everywhere in nsq_sync's public API; :class:`datetime.timedelta`
-and strings such as ``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are accepted and converted.
-:func:`to_seconds` is the one check for every duration a public method takes (a timeout, a
-requeue or publish delay), so a bad one raises the same
-:class:`~nsq_sync.errors.ConfigError` wherever it is passed; :func:`parse_duration` is the
-conversion it (and every duration option of :class:`~nsq_sync.config.Config`) uses.
-
-These names are also importable from :mod:`nsq_sync.config`, where they were first documented.
-"""
+"""Durations: float seconds in every public API; :class:`datetime.timedelta` and strings such as
+``"250ms"``, ``"1.5s"``, ``"2m"`` or ``"1h"`` are accepted. :func:`to_seconds` is the one check
+of every duration a public method takes, so a bad one raises the same ConfigError anywhere.
+These names are also importable from :mod:`nsq_sync.config`."""
 
 from __future__ import annotations
 
@@ -30,12 +23,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 def parse_duration(value: object, name: str = "duration") -> float:
-    """Return ``value`` as float seconds; accepts numbers, :class:`datetime.timedelta` and
-    ``"250ms"``/``"2s"``/``"1m"``/``"1h"``.
-
-    Raises:
-        ConfigError: when the value is not a number, timedelta or duration string.
-    """
+    """``value`` as float seconds: a number, a :class:`datetime.timedelta`, or ``"250ms"``,
+    ``"2s"``, ``"1m"``, ``"1h"``; anything else raises :class:`~nsq_sync.errors.ConfigError`."""
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected seconds, got {value!r}")
     if isinstance(value, (int, float)):
@@ -57,16 +46,14 @@ def to_seconds(
     maximum: float | None = None,
     maximum_name: str | None = None,
 ) -> float:
-    """Validate a duration passed to a public method (a timeout, a delay) and return it as float
-    seconds. Accepts what Config accepts: seconds as a number, a :class:`datetime.timedelta`, or
-    a string such as ``"250ms"``.
+    """Validate a duration passed to a public method (a timeout, a delay): a number of seconds, a
+    :class:`datetime.timedelta` or a string such as ``"250ms"``; returned as float seconds.
 
     Args:
-        value: the duration.
         name: what it is, for the message (``"timeout"``, ``"requeue delay"``...).
         positive: reject 0 too (timeouts); otherwise 0 is allowed (delays).
-        maximum: the largest value allowed, if any; ``maximum_name`` names the option it comes
-            from (every error then states the range: "between 0 and max_defer (3600.0 s)").
+        maximum: the largest value allowed, if any, from the option ``maximum_name`` (errors then
+            state the range).
 
     Raises:
         ConfigError: not a duration, not finite, negative (or 0 when ``positive``), or above
@@ -93,7 +80,6 @@ def to_seconds(
 
 
 def positive_seconds(name: str, value: object) -> float | None:
-    """None, or :func:`to_seconds` with ``positive=True``: the check of every optional duration
-    that must be > 0 (``run(timeout=)``, ``batch_timeout``...). Raises ConfigError naming
-    ``name``."""
+    """None, or :func:`to_seconds` with ``positive=True``: the check of optional durations that
+    must be > 0 (``run(timeout=)``, ``batch_timeout``...)."""
     return None if value is None else to_seconds(value, name, positive=True)

@@ -1,29 +1,12 @@
-"""The nsq_sync exception hierarchy.
+"""The nsq_sync exception hierarchy: every exception nsq_sync raises is an :class:`NSQError`.
 
-Every exception raised by nsq_sync derives from :class:`NSQError`. Server error frames map to one
-class per ``E_*`` code (:func:`error_from_frame`), each carrying ``fatal`` (nsqd closes the
-connection after it) and ``retriable`` flags.
-
-Naming: the name says who refused.
-
-- **nsqd refused** (an error frame): :class:`ServerError` and one subclass per code, named
-  ``Server`` + the code in CamelCase without ``E_``: ``E_INVALID`` -> :class:`ServerInvalid`,
-  ``E_BAD_BODY`` -> :class:`ServerBadBody`, ``E_BAD_TOPIC`` -> :class:`ServerBadTopic`,
-  ``E_PUB_FAILED`` -> :class:`ServerPubFailed`, ``E_AUTH_ERROR`` -> :class:`ServerAuthError`...
-  (a unit test holds every class to this rule).
-- **nsq_sync refused before sending anything** (bad input): :class:`InvalidName` (topic or
-  channel), :class:`InvalidBody` (a message body or batch), :class:`ConfigError` (an option, an
-  address, a timeout or a delay: every duration goes through :func:`nsq_sync.config.to_seconds`)
-  (the first three are also ValueErrors) and :class:`LocalProtocolError` (a command the
-  protocol does not allow: a malformed message id, a negative RDY count).
-
-So ``InvalidBody`` is an empty or oversized body caught locally, while ``ServerBadBody`` is nsqd
-rejecting one.
-
-Every exception pickles: PySpark and multiprocessing ship exceptions between processes. The rule
-that makes this work is simple: ``self.args`` always holds exactly the constructor's positional
-arguments, so ``BaseException.__reduce__`` rebuilds the object. Extra attributes live in
-``__dict__``, which pickling restores too.
+- The name says who refused. nsqd's error frames are :class:`ServerError`, one subclass per
+  ``E_*`` code named ``Server`` + the code in CamelCase without ``E_`` (``E_BAD_TOPIC`` ->
+  :class:`ServerBadTopic`; a unit test holds every class to it). Bad input refused before
+  anything is sent is :class:`InvalidName`, :class:`InvalidBody` or :class:`ConfigError` (also
+  ValueErrors), or :class:`LocalProtocolError`.
+- Every exception pickles (Spark ships them between processes): ``self.args`` holds exactly
+  the constructor's positional arguments; other attributes live in ``__dict__``.
 """
 
 from __future__ import annotations
@@ -104,11 +87,8 @@ class InvalidBody(NSQError, ValueError):
 
 
 class NSQConnectionError(NSQError):
-    """A connection to nsqd could not be made, broke, or misbehaved.
-
-    Attributes:
-        address: ``host:port`` of the peer, when known.
-    """
+    """A connection to nsqd could not be made, broke, or misbehaved; ``address`` is the peer's
+    ``host:port``, when known."""
 
     def __init__(self, message: str = "", address: str | None = None) -> None:
         super().__init__(message, address)
@@ -120,19 +100,18 @@ class NSQConnectionError(NSQError):
 
 
 class ConnectTimeout(NSQConnectionError, TimeoutError):
-    """Connecting (TCP, TLS or handshake) took longer than ``dial_timeout``."""
+    """Connecting took too long: the TCP dial outlasted ``dial_timeout`` (or what was left of a
+    publish's timeout), or a publish's wait for another thread's attempt outlasted its timeout."""
 
 
 class ReadTimeout(NSQConnectionError, TimeoutError):
-    """Nothing arrived within ``read_timeout`` (missing heartbeats), or a response was late."""
+    """Nothing arrived within ``read_timeout`` (missing heartbeats), or an answer or the
+    handshake was late."""
 
 
 class ConnectionClosed(NSQConnectionError):
-    """The connection is closed.
-
-    Attributes:
-        by_server: True when nsqd (or the network) closed it, False when we did.
-    """
+    """The connection is closed; ``by_server`` is True when nsqd (or the network) closed it, False
+    when we did."""
 
     def __init__(
         self, message: str = "connection closed", address: str | None = None, by_server: bool = True
@@ -143,12 +122,13 @@ class ConnectionClosed(NSQConnectionError):
 
 
 class HandshakeError(NSQConnectionError):
-    """Magic, IDENTIFY, TLS/compression upgrade, AUTH or SUB failed in a way not covered by a
-    server error frame (for example an unexpected IDENTIFY response)."""
+    """The handshake failed in a way no error frame covers: no OK after an upgrade or SUB, or an
+    AUTH answer that is not JSON."""
 
 
 class TLSError(HandshakeError):
-    """The TLS upgrade failed: the certificate did not verify, or the server refused TLS."""
+    """TLS failed: the certificate did not verify, nsqd refused (or requires) TLS, or a TLS error
+    on an established connection."""
 
 
 class AuthError(HandshakeError):
@@ -178,14 +158,8 @@ class FrameTooLarge(RemoteProtocolError):
 
 
 class ServerError(NSQError):
-    """nsqd answered with an error frame ``E_<CODE> <text>``.
-
-    Attributes:
-        code: the ``E_*`` code.
-        text: nsqd's explanation.
-        fatal: nsqd closes the connection after this error.
-        retriable: the same request may succeed later (or on another nsqd).
-    """
+    """nsqd answered with an error frame ``E_<CODE> <text>`` (``code``, ``text``). ``fatal``: nsqd
+    closes the connection after it; ``retriable``: the request may succeed later or elsewhere."""
 
     code: str = "E_UNKNOWN"
     fatal: ClassVar[bool] = True
@@ -272,7 +246,7 @@ class ServerAuthError(ServerError):
 
 
 class ServerFinFailed(ServerError):
-    """FIN for a message nsqd no longer considers in flight (timed out, or another connection's)."""
+    """FIN for a message nsqd no longer holds in flight (timed out, or another connection's)."""
 
     code = "E_FIN_FAILED"
     fatal = False
@@ -314,11 +288,8 @@ _BY_CODE: dict[str, type[ServerError]] = {
 
 
 def error_from_frame(data: bytes) -> ServerError:
-    """Build the exception for the payload of an error frame (``b"E_CODE text"``).
-
-    Unknown codes become a plain :class:`ServerError` that keeps the code (fatal, like every
-    error nsqd does not document as non-fatal). Never raises.
-    """
+    """The exception for the payload of an error frame (``b"E_CODE text"``); an unknown code is a
+    plain, fatal :class:`ServerError` that keeps the code. Never raises."""
     text = data.decode("utf-8", "replace")
     code, _, rest = text.partition(" ")
     cls = _BY_CODE.get(code, ServerError)
@@ -340,24 +311,14 @@ class PublishError(NSQError):
 
 
 class PublishOutcomeUnknown(PublishError):
-    """The command may or may not have reached nsqd: it was written, and then the connection
-    broke, the producer was closed, or the caller's ``timeout`` ran out before nsqd answered.
-
-    The producer does not resend such a command on its own (that is how duplicates happen);
-    catch this error to decide, or create the Producer with ``retry_unknown=True`` to have it
-    resent (at-least-once: nsqd may then hold the message twice). ``reason`` is the error that
-    cut the wait short.
-    """
+    """The command may or may not have reached nsqd: it was written, then the connection broke, the
+    producer was closed, or the caller's ``timeout`` ran out before nsqd answered (``reason``).
+    Not resent unless the Producer has ``retry_unknown=True`` (nsqd may then hold it twice)."""
 
 
 class HTTPAPIError(NSQError):
-    """An nsqd or nsqlookupd HTTP request failed.
-
-    Attributes:
-        url: the URL requested.
-        status: the HTTP status, or None when no response arrived.
-        body: the response body (truncated), if any.
-    """
+    """An nsqd or nsqlookupd HTTP request failed: ``url``, ``status`` (None when no response
+    arrived) and ``body`` (truncated) say how."""
 
     def __init__(
         self, message: str, url: str = "", status: int | None = None, body: str = ""
@@ -383,7 +344,7 @@ class LookupdError(HTTPAPIError):
 
 
 class Stopped(NSQError):
-    """The consumer or producer was stopped/closed and cannot be used any more."""
+    """The consumer, producer or HTTP client was stopped or closed and cannot be used any more."""
 
 
 class RequeueMessage(NSQError):
@@ -402,13 +363,9 @@ class RequeueMessage(NSQError):
 
 class DeadLetter(NSQError):
     """Raise from a handler (or a batch handler) to give the message up now: "poison, do not
-    retry". With a ``dead_letter_topic`` the message goes there at once (the reason, ``str()``
-    of this exception, in the envelope's error); without one it goes to the give-up handler and
-    is finished, as after ``max_attempts``.
-
-    Args:
-        reason: why the message is poison (kept in the dead-letter envelope, bounded in size).
-    """
+    retry". It goes to the ``dead_letter_topic`` at once, with ``reason`` (bounded in size) in the
+    envelope's error; without one, to the give-up handler and is finished, as after
+    ``max_attempts``."""
 
     def __init__(self, reason: str = "") -> None:
         super().__init__(reason)

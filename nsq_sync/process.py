@@ -1,67 +1,25 @@
 """Fork safety: per-process state reset once, and nothing the library owns used across a fork.
 
-``generation`` counts the forks in this process's lineage; :func:`current` returns it after
-noticing a fork, and every place that asks "is this still the process that built this?" compares
-a stamp with :func:`current` (``PerProcess``, the runtime choice, the transport's dial, a started
-Consumer, the HTTP clients). A fork is noticed three ways, whichever comes first; all three run
-the same reset (:func:`_reset`), once per process:
+A fork is noticed by whichever comes first: ``os.register_at_fork``; uWSGI's post-fork hook
+(uWSGI forks from C, where Python's hooks do not run); or :func:`current`, which reads a
+canary byte of a page advised ``MADV_WIPEONFORK`` (zeroed in every child, however it forked;
+a memory load, not a system call) or, where that is not available, compares ``os.getpid()``.
+All of them run the same reset, once per process. Nothing happens at import: objects call
+:func:`install` when constructed.
 
-* ``os.register_at_fork``: Python's own ``os.fork()`` (gunicorn, multiprocessing, celery) runs
-  the hook in the child before ``fork()`` returns;
-* uWSGI's post-fork hook (``uwsgidecorators.postfork``), registered when the process runs inside
-  uWSGI: uWSGI forks its workers from C, where Python's hooks do not run (unless it was started
-  with ``--py-call-osafterfork``);
-* the canary: :func:`current` reads one byte of a private page advised ``MADV_WIPEONFORK``
-  (Linux >= 4.14), which the kernel hands to every forked child zeroed, however the fork was
-  made. It catches any other fork from C (an extension, ``ctypes``) and an application that
-  replaced uWSGI's hook. Reading it is a memory load, not a system call: ``os.getpid()`` costs
-  about 2 us on virtual machines that trap system calls, the page 0.05 us. Where the advice is
-  not available (other systems, old kernels), :func:`current` compares ``os.getpid()`` with the
-  pid the state belongs to instead. The publish path and the HTTP clients pay this check; a
-  consumed message does not (only objects built after a check handle messages).
+Rules that keep a connection from ever being shared between processes:
 
-:func:`install` registers the hooks once; the objects that need them call it when constructed
-(nothing happens at import). Where ``os.fork`` does not exist (Windows) there is no hook, and no
-fork either.
-
-**No connection is shared between processes, by construction.** Every object that owns a socket
-or a task registers itself with :func:`track` (weakly: tracking never keeps anything alive). The
-fork hook runs in the child before ``os.fork()`` returns, before anything else of the child runs,
-and calls each tracked object's abandon function, which takes no lock (a lock may be held by a
-thread that does not exist in the child) and never touches what the parent owns:
-
-* an nsqd connection closes the *child's copies* of its descriptors (``close(2)``; never
-  ``shutdown(2)``, which would cut the parent's connection) and marks itself closed;
-* an HTTP connection of our clients does the same for its socket;
-* a gevent task (a greenlet) is killed: under gevent, fork copies every greenlet into the child,
-  and a copied greenlet that was waiting on a socket would otherwise wake up in the child and
-  read the parent's answers. With its socket closed it can only fail (gevent throws into a
-  greenlet waiting on a socket that is closed; a later read finds the socket closed), and the
-  kill ends it. Threads do not survive a fork at all.
-* a started Consumer marks its copy stopped, so nothing it still holds reconnects in the child.
-
-Whatever a copied task does in the child therefore fails on a closed socket instead of sharing
-the parent's (a copied publish raises an NSQError to its copied caller), and the parent's
-objects are not touched at all.
-
-:class:`PerProcess` holds what must be rebuilt in a child (a producer's connection pool, an
-HTTP session). Why its reset runs exactly once per process and never touches what the child
-opened, however many threads of the child notice the fork at once:
-
-* The reset makes a *new* ``_lock`` in the child. The lock a parent's thread may have held at
-  the moment of the fork is never used again, so a child cannot deadlock on it.
-* A fork noticed by the pid is reset under a lock made for that pid (``_noticing``): of all the
-  threads of a child that notice it at once, the first resets and the others wait for it, then
-  find the pid current. The parent's own notice lock (which one of its threads may have held at
-  the fork) is never the child's: the child's pid differs.
-* :meth:`PerProcess.get` compares the value's generation with :func:`current`; on a mismatch it
-  takes ``_lock`` and checks again, so of all the threads that noticed the fork, the first builds
-  the child's value and the others find it already built (double-checked locking).
-* :func:`track` notices a fork before it records anything: what the child opens is recorded
-  after the reset, so the reset never abandons it.
-* Everything the child opens lives in the value built *in the child* (stamped with the child's
-  generation); a value is only replaced when its stamp is older, i.e. when it was built before
-  the fork, so nothing opened in the child is ever dropped.
+- Every object that owns a socket or a task is :func:`track`-ed (weakly). In the child, before
+  ``os.fork()`` returns, its abandon function runs: it takes no lock (a parent's thread may hold
+  it), closes only the child's copies of descriptors (``close(2)``, never ``shutdown(2)``),
+  kills copied greenlets, and marks a started Consumer stopped. A copied task can then only
+  fail on a closed socket.
+- The child's threads that notice the fork at once wait for the first to reset (under a lock
+  made for the child's pid); the reset makes a new ``_lock``, so no lock a parent's thread
+  held is used again, and publishes the canary and the pid last.
+- :class:`PerProcess` replaces a value only when it was built in an older generation, under
+  ``_lock`` with a double check, and :func:`track` notices a fork before it records: nothing
+  opened in the child is ever abandoned or dropped.
 """
 
 from __future__ import annotations
@@ -100,10 +58,8 @@ T = TypeVar("T")
 
 
 def current() -> int:
-    """The fork generation of this process, after noticing a fork that ran no hook (a fork from
-    C: uWSGI's workers, an extension). Cheap (a byte read, or one ``getpid()`` where the canary
-    page is not available); thread-safe; the reset it may run happens once per process however
-    many threads call this at once."""
+    """The fork generation of this process, after noticing a fork no hook reported. Cheap (a byte
+    read, or ``getpid()``); thread-safe; its reset runs once per process."""
     canary = _canary
     if canary is not None:
         if canary[0]:
@@ -146,10 +102,8 @@ def _notice() -> None:
 
 
 def _reset(pid: int, notice_lock: Any) -> None:
-    """The child's reset: new locks, one more generation, every tracked object abandoned, and
-    last the canary and the pid: a thread that finds either current (and so does not wait for
-    the reset) must find everything else done. (With the canary set first, a thread of the
-    child could read the old generation and use the parent's pool while it was being closed.)"""
+    """The child's reset: new locks, one more generation, every tracked object abandoned; the
+    canary and the pid last, so a thread that finds either current finds the rest done."""
     global generation, _lock, _noticing, _canary, _pid
     _lock = threading.Lock()
     for replace in _replacers:
@@ -179,9 +133,8 @@ def _after_uwsgi_fork() -> None:
 
 
 def install() -> None:
-    """Register the fork hooks (once): Python's, and uWSGI's when running inside uWSGI.
-    Thread-safe enough: a race registers them twice, which is harmless (a reset runs once per
-    process: each hook checks the pid)."""
+    """Register the fork hooks once (Python's; uWSGI's inside uWSGI). A race registering them twice
+    is harmless: each hook checks the pid."""
     global _installed, _pid, _canary
     if _installed:
         return
@@ -217,27 +170,20 @@ def _install_uwsgi_hook() -> None:
 
 
 def track(obj: Any, abandon: Callable[[Any], None]) -> None:
-    """Call ``abandon(obj)`` in every forked child while ``obj`` lives (it is held weakly).
-
-    ``abandon`` runs in the fork hook: it must take no lock, do no I/O on the parent's
-    resources (close descriptors only) and be idempotent. A plain function, not a bound method
-    (that would keep ``obj`` alive). Thread-safe.
-    """
+    """Call ``abandon(obj)`` in every forked child while ``obj`` lives (held weakly). Thread-safe.
+    ``abandon`` runs in the fork hook: it must take no lock, do no I/O on the parent's resources
+    (close descriptors only) and be idempotent; a plain function, not a bound method (that would
+    keep ``obj`` alive)."""
     install()
     current()  # a fork not noticed yet is reset first: the child's own objects are never abandoned
     _tracked[obj] = abandon
 
 
 def close_socket(sock: Any) -> None:
-    """Close a socket object's descriptor (this process's copy): no ``shutdown(2)``, which
-    would cut the connection for the parent too. Closes even while a file made by
-    ``makefile()`` is open (an HTTP response being read); later reads raise OSError.
-
-    gevent: a socket a greenlet waits on is closed here at once (gevent throws into the waiter
-    and closes the descriptor from the hub's next callback, after it re-initialised its loop);
-    a socket nobody waits on is closed from that callback too, as closing it now would touch
-    the event loop before gevent re-initialised it (Transport also refuses to read once its
-    closed flag is set, which the hook sets at once)."""
+    """Close this process's copy of a socket's descriptor, never ``shutdown(2)`` (that would cut
+    the parent's connection too), even while a ``makefile()`` file is open. Under gevent a socket
+    nobody waits on is closed from the hub's next callback, after gevent re-initialised its loop.
+    """
     if sock is None:
         return
     hub = getattr(sock, "hub", None)
@@ -264,21 +210,15 @@ def _close_now(sock: Any) -> None:
 
 
 def replace_in_child(replace: Callable[[], None]) -> None:
-    """Call ``replace()`` in every forked child, first thing in the reset: for a module-level
-    lock that a parent's thread may have held at the fork (``message.claim_lock``). ``replace``
-    must take no lock and do no I/O. Registering installs nothing (safe at import time)."""
+    """Call ``replace()`` first thing in every forked child's reset: for a module-level lock a
+    parent's thread may have held at the fork. ``replace`` must take no lock and do no I/O.
+    Registering installs nothing (safe at import time)."""
     _replacers.append(replace)
 
 
 class Stamp:
     """Which process made something: :meth:`is_current` is False in a process forked since,
-    however the fork was made. The one "is this still my process?" check of nsq_sync (a started
-    Consumer, a dial in progress, the runtime "auto" chose, a Spark worker's one-time set-up);
-    :class:`PerProcess` builds on the same generation. Cheap; thread-safe.
-
-    Attributes:
-        pid: the pid of the process that made it.
-    """
+    however it forked. Cheap; thread-safe. ``pid``: the pid of the process that made it."""
 
     __slots__ = ("generation", "pid")
 
@@ -293,16 +233,13 @@ class Stamp:
 
 
 class PerProcess(Generic[T]):
-    """A value built once in each process that uses it: ``factory()`` on first use after a
-    fork (what the parent's value held was already abandoned by the fork hook). Thread-safe.
+    """A value built once in each process that uses it: ``factory()`` at the first use after a fork
+    (the fork hook already abandoned what the parent's value held). Thread-safe.
 
     Args:
-        factory: builds the value for the current process (called under the reset lock; keep it
-            free of I/O).
-        discard: called in the child with the parent's value once it is replaced (its sockets
-            are already closed by the fork hook), under the reset lock: keep it short.
-        lazy: build the first value at the first :meth:`get`, not now (a Producer: its runtime
-            is decided when it first publishes).
+        factory: builds the value; called under ``_lock``, keep it free of I/O.
+        discard: called in the child with the parent's value once replaced, under ``_lock``.
+        lazy: build the first value at the first :meth:`get`, not now.
     """
 
     __slots__ = ("_factory", "_discard", "_value", "_generation")
@@ -324,8 +261,7 @@ class PerProcess(Generic[T]):
             self._generation = current()
 
     def get(self) -> T:
-        """The value of the current process (built here once: at the first use if ``lazy``,
-        and after a fork)."""
+        """This process's value (built here once: at first use if ``lazy``, and after a fork)."""
         if self._generation != current():
             with _lock:
                 if self._generation != generation:

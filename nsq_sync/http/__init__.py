@@ -1,5 +1,4 @@
-"""The HTTP clients: :class:`NsqdHTTPClient` (nsqd.py) and :class:`LookupdClient` (lookupd.py),
-on one fork-safe base (base.py)."""
+"""The HTTP clients: :class:`NsqdHTTPClient` and :class:`LookupdClient`, on one fork-safe base."""
 
 from nsq_sync.http.lookupd import LookupdClient, ProducerInfo
 from nsq_sync.http.nsqd import NsqdHTTPClient

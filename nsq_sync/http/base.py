@@ -1,33 +1,8 @@
-"""Plumbing shared by the nsqd and nsqlookupd HTTP clients (:mod:`nsq_sync.http`,
-:mod:`nsq_sync.http.lookupd`).
+"""Plumbing shared by the nsqd and nsqlookupd HTTP clients.
 
-Both servers speak the same small HTTP dialect, so one base class owns what they have in common:
-
-- Address parsing (:func:`nsq_sync.addresses.parse_http_address`). Users write
-  ``127.0.0.1:4151`` or ``http://127.0.0.1:4151`` (both forms appear in go-nsq, pynsq and the nsq
-  tools' flags). Anything else, such as a missing port, an ``ftp://`` scheme or a path, is a
-  configuration mistake and fails at construction with the address in the message, rather than
-  as a confusing 404 on the first request.
-- One constructor, one ``ping``, one ``info`` and one each of the topic and channel calls both
-  servers take (``create_topic``, ``delete_topic``, ``create_channel``, ``delete_channel``) for
-  both clients, and a timeout checked by :func:`nsq_sync.config.to_seconds` like every other
-  duration.
-- One ``requests.Session`` per client, so keep-alive connections are reused. Creating a Session
-  does no I/O, so constructing a client never touches the network.
-- A timeout on every request. requests waits forever by default, and a hung nsqlookupd must not
-  hang a worker.
-- Uniform errors. Every failure becomes the client's error class (``HTTPAPIError`` or
-  ``LookupdError``) with ``url``, ``status`` (None when no response arrived) and ``body``, and
-  transport errors are chained with ``from``.
-- The pre-1.0 response envelope. nsqd/nsqlookupd before v1.0 wrapped JSON in
-  ``{"status_code": .., "status_txt": .., "data": ..}`` unless the request asked for
-  ``Accept: application/vnd.nsq; version=1.0``. We always send that header and still unwrap an
-  envelope when one arrives.
-- Fork safety. A Session's pooled sockets inherited through ``fork()`` (gunicorn, celery, Spark
-  workers) must not be used by parent and child at once, so a client that owns its Session starts
-  a fresh one when it finds itself in a new process (redis-py's ``_checkpid``), exactly once per
-  process however many threads notice it (``nsq_sync.process.PerProcess``), and the fork hook
-  closes the child's copies of every socket the client's sessions opened (``nsq_sync.process``).
+A malformed address fails at construction, not as a 404 later. Every request has a timeout
+(requests has none by default: a hung server must not hang a worker). Fork safety: a client's
+own Session is rebuilt once per process; the fork hook closes only the child's socket copies.
 """
 
 from __future__ import annotations
@@ -68,11 +43,7 @@ _C = TypeVar("_C", bound="HTTPClientBase")
 
 
 def unwrap_envelope(data: Any) -> Any:
-    """Strip the pre-1.0 ``{"status_code", "status_txt", "data"}`` envelope, if present.
-
-    v1.x servers return the payload bare; older ones wrapped it unless asked not to. A v1.x payload
-    never has all three keys, so the check cannot misfire on current servers. Never raises.
-    """
+    """Strip the pre-1.0 ``{"status_code", "status_txt", "data"}`` envelope, if present."""
     if isinstance(data, dict) and {"status_code", "status_txt", "data"} <= data.keys():
         return data["data"]
     return data
@@ -92,9 +63,7 @@ def _error_text(body: str) -> str:
 
 
 def _close_in_child(conn: Any) -> None:
-    """The fork hook, in a child: close this process's copy of the connection's socket (never
-    shut it down: the parent may still use it), so a request of the parent copied into the
-    child (gevent copies every greenlet) cannot read the parent's response."""
+    """Fork hook: close the child's copy of the socket (no shutdown: the parent still uses it)."""
     _fork.close_socket(getattr(conn, "sock", None))
 
 
@@ -116,7 +85,7 @@ _POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
 
 
 class _ForkSafeAdapter(requests.adapters.HTTPAdapter):
-    """An HTTPAdapter whose connections are closed in a forked child (see nsq_sync.process)."""
+    """An HTTPAdapter whose connections are closed in a forked child."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
@@ -136,10 +105,7 @@ def _new_session() -> requests.Session:
 
 
 class HTTPClientBase:
-    """Base of :class:`~nsq_sync.http.NsqdHTTPClient` and :class:`~nsq_sync.http.lookupd.LookupdClient`.
-
-    Not meant to be used directly; see those classes for the constructor arguments.
-    """
+    """Base of the nsqd and nsqlookupd clients; not for direct use."""
 
     #: Raised for every failed request; subclasses narrow it (LookupdError).
     _error_class: ClassVar[type[HTTPAPIError]] = HTTPAPIError
@@ -191,11 +157,8 @@ class HTTPClientBase:
         return self._closed
 
     def close(self) -> None:
-        """Close the client's connections; later requests raise :class:`~nsq_sync.errors.Stopped`.
-
-        A ``session`` passed to the constructor belongs to the caller and is left open. Idempotent;
-        never raises.
-        """
+        """Close the client's own connections (a ``session`` passed in stays open); later requests
+        raise :class:`~nsq_sync.errors.Stopped`. Idempotent; never raises."""
         if self._closed:
             return
         self._closed = True
@@ -220,75 +183,33 @@ class HTTPClientBase:
         return f"<{type(self).__name__} {self._base_url}{state}>"
 
     def ping(self) -> bool:
-        """Check that the server is up and healthy (``GET /ping``).
-
-        Returns:
-            True. Failures raise rather than return False.
-
-        Raises:
-            HTTPAPIError (LookupdError from a LookupdClient): no answer (``status`` None), or an
-                error status (an unhealthy nsqd answers 500 with the reason, e.g. a failing
-                disk, in ``body``).
-            Stopped: the client is closed.
-        """
+        """``GET /ping``: True, or :class:`~nsq_sync.errors.HTTPAPIError` for no answer (``status``
+        None) or an error status (an unhealthy nsqd answers 500 with the reason in ``body``)."""
         self._request("GET", "/ping")
         return True
 
     def info(self) -> dict[str, Any]:
-        """The server's ``/info``: nsqd's version, broadcast_address, hostname, tcp_port,
-        http_port...; nsqlookupd's version (v1.3.0 says nothing else).
-
-        Raises:
-            HTTPAPIError (LookupdError from a LookupdClient): the request failed or the answer
-                is not a JSON object.
-            Stopped: the client is closed.
-        """
+        """The server's ``/info`` (nsqd: version, broadcast_address, hostname, ports...;
+        nsqlookupd: version). Raises HTTPAPIError for an answer that is not a JSON object."""
         return self._get_json_object("/info")
 
     # ------------------------------------------------------------------ topic and channel admin
     # Both servers take the same requests; what each does with them is in its client's docstring.
 
     def create_topic(self, topic: str) -> None:
-        """Create a topic (``POST /topic/create``); a no-op if it exists. Thread-safety: as the
-        client's.
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            HTTPAPIError (LookupdError from a LookupdClient): the request failed.
-            Stopped: the client is closed.
-        """
+        """Create a topic (``POST /topic/create``); a no-op if it exists."""
         self._topic_op("create", topic)
 
     def delete_topic(self, topic: str) -> None:
-        """Delete a topic and its channels (``POST /topic/delete``). Thread-safety: as the
-        client's.
-
-        Raises:
-            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
-                :meth:`create_topic`.
-        """
+        """Delete a topic and its channels (``POST /topic/delete``)."""
         self._topic_op("delete", topic)
 
     def create_channel(self, topic: str, channel: str) -> None:
-        """Create a channel of a topic (``POST /channel/create``); a no-op if it exists.
-        Thread-safety: as the client's.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            HTTPAPIError (LookupdError from a LookupdClient): the request failed, e.g. a 404
-                (the client's docstring says when).
-            Stopped: the client is closed.
-        """
+        """Create a channel of a topic (``POST /channel/create``); a no-op if it exists."""
         self._channel_op("create", topic, channel)
 
     def delete_channel(self, topic: str, channel: str) -> None:
-        """Delete a channel of a topic (``POST /channel/delete``). Thread-safety: as the
-        client's.
-
-        Raises:
-            InvalidName, HTTPAPIError (also a 404, see the client's docstring), Stopped: as
-                :meth:`create_channel`.
-        """
+        """Delete a channel of a topic (``POST /channel/delete``)."""
         self._channel_op("delete", topic, channel)
 
     # ------------------------------------------------------------------ for subclasses
@@ -312,13 +233,7 @@ class HTTPClientBase:
         params: Mapping[str, str] | None = None,
         data: bytes | None = None,
     ) -> requests.Response:
-        """Send one request; return the response if its status is 2xx.
-
-        Raises:
-            HTTPAPIError (or the subclass's error class): with ``status=None`` and the requests
-                exception chained when no response arrived, else with the status and body.
-            Stopped: the client is closed.
-        """
+        """Send one request; the response if its status is 2xx, else the client's error."""
         session = self._current_session()
         url = self._url(path, params)
         where = f"{self._server} {method} {path}"
@@ -348,27 +263,14 @@ class HTTPClientBase:
         return response
 
     def _topic_op(self, op: str, topic: str) -> None:
-        """``POST /topic/<op>?topic=`` (both servers administer topics the same way).
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            HTTPAPIError (or subclass), Stopped: as :meth:`_request`.
-        """
         self._request("POST", f"/topic/{op}", {"topic": validate_topic(topic)})
 
     def _channel_op(self, op: str, topic: str, channel: str) -> None:
-        """``POST /channel/<op>?topic=&channel=``; raises as :meth:`_topic_op`."""
         params = {"topic": validate_topic(topic), "channel": validate_channel(channel)}
         self._request("POST", f"/channel/{op}", params)
 
     def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        """GET ``path`` and return its decoded JSON payload (envelope removed).
-
-        Raises:
-            HTTPAPIError (or subclass): the request failed, the body is not JSON, or a pre-1.0
-                envelope reports an error status.
-            Stopped: the client is closed.
-        """
+        """GET ``path``: its JSON payload, unwrapped (an error status in an envelope raises)."""
         response = self._request("GET", path, params)
         url = self._url(path, params)
         try:
@@ -394,7 +296,6 @@ class HTTPClientBase:
     def _get_json_object(
         self, path: str, params: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
-        """Like :meth:`_get_json`, but the payload must be a JSON object."""
         data = self._get_json(path, params)
         if not isinstance(data, dict):
             raise self._malformed(

@@ -1,21 +1,5 @@
-"""A small client for nsqd's HTTP API: publishing, stats, and topic/channel administration.
-
-Publishing over HTTP costs a request per call, so the TCP :class:`~nsq_sync.Producer` is the tool
-for volume. This client is for scripts, admin tasks, health checks and tests, and for publishing
-from places where a long-lived TCP connection is awkward.
-
-nsqd v1.3.0 behaviour this client relies on (checked against the real server):
-
-- Success is a 2xx status. Errors are a 4xx/5xx status with a JSON body ``{"message": "CODE"}``
-  (``TOPIC_NOT_FOUND``, ``INVALID_DEFER``, ``MSG_TOO_BIG``...), which the raised error carries.
-- There is no ``/dpub`` endpoint; a deferred publish (``delay=``) is ``POST /pub?topic=..&defer=<ms>`` with an
-  integer number of milliseconds between 0 and nsqd's ``--max-req-timeout`` (1 h by default).
-- ``/channel/create`` and every channel operation need the topic to exist already (404
-  ``TOPIC_NOT_FOUND``); creating an existing topic or channel succeeds.
-- ``/stats?format=json`` answers ``null`` instead of ``[]`` for some lists (``topics`` when the
-  topic filter matches nothing, ``clients`` when clients are excluded, ``producers`` when nothing
-  publishes over TCP). :meth:`NsqdHTTPClient.stats` turns those into empty lists.
-"""
+"""nsqd's HTTP API: publishing, stats and administration. For volume, publish with the TCP
+:class:`~nsq_sync.Producer`: over HTTP every publish is a request."""
 
 from __future__ import annotations
 
@@ -64,40 +48,28 @@ def _normalise_stats(stats: dict[str, Any]) -> dict[str, Any]:
 
 
 class NsqdHTTPClient(HTTPClientBase):
-    """Client for one nsqd's HTTP API (default port 4151).
+    """Client for one nsqd's HTTP API (default port 4151). Construction does no I/O.
 
-    Every method sends one request (no retries: a publish is not idempotent) with the client's
-    timeout, validates topic/channel names and bodies before sending, and returns once nsqd has
-    answered. Constructing the client does no I/O.
+    Every method sends one request (no retries: a publish is not idempotent) and raises
+    :class:`~nsq_sync.errors.HTTPAPIError` when it fails or the answer is malformed (``status``
+    None if no answer came), :class:`~nsq_sync.errors.InvalidName` or
+    :class:`~nsq_sync.errors.InvalidBody` for bad input (nothing is sent), and
+    :class:`~nsq_sync.errors.Stopped` once closed. Use one client per thread (requests does not
+    promise that a Session is thread-safe); clients are cheap. Safe to use after ``fork()``.
 
-    Thread-safety: requests does not promise that a ``Session`` is thread-safe. Simple concurrent
-    calls on one client work in practice (urllib3's connection pool is thread-safe), but the
-    supported pattern is one client per thread; clients are cheap. Safe to use after ``fork()``:
-    a client that owns its session opens new connections in the child.
-
-    Topic and channel administration on nsqd: :meth:`delete_topic` deletes the topic's channels
-    and messages, and is 404 ``TOPIC_NOT_FOUND`` for an unknown topic; :meth:`create_channel` and
-    every other channel operation need the topic to exist already (404 ``TOPIC_NOT_FOUND``);
-    :meth:`delete_channel` deletes the channel's messages, and is 404 ``CHANNEL_NOT_FOUND`` for an
-    unknown channel.
+    On nsqd, deleting a topic or channel deletes its messages; channel operations need the topic
+    to exist; an unknown topic or channel is a 404 (``TOPIC_NOT_FOUND``, ``CHANNEL_NOT_FOUND``).
 
     Args:
         address: ``host:port``, ``http://host:port`` or ``https://host:port``.
-        timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) allowed for
-            connecting, and then for each read, per request; 5 by default.
-        session: a ``requests.Session`` to use (for TLS client certificates, proxies, adapters).
-            It stays the caller's: :meth:`close` does not close it. By default the client makes
-            its own.
+        timeout: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) for connecting, then
+            for each read; 5 by default.
+        session: a ``requests.Session`` to use (TLS client certificates, proxies); it stays the
+            caller's: :meth:`close` leaves it open.
 
     Raises:
-        ConfigError: a malformed address (named in the message), a timeout that is not a positive
-            number, or a ``session`` that is not a ``requests.Session``.
-
-    Example::
-
-        with NsqdHTTPClient("127.0.0.1:4151") as nsqd:
-            nsqd.pub("orders", b"{...}")
-            print(nsqd.depth("orders", "billing"))
+        ConfigError: a malformed address, a timeout that is not positive, or a ``session`` that is
+            not a ``requests.Session``.
     """
 
     _server = "nsqd"
@@ -110,25 +82,11 @@ class NsqdHTTPClient(HTTPClientBase):
         channel: str | None = None,
         include_clients: bool = True,
     ) -> dict[str, Any]:
-        """nsqd's ``/stats?format=json``, optionally filtered to one topic or channel.
-
-        The result has ``version``, ``health``, ``start_time``, ``topics`` (each with
-        ``topic_name``, ``depth``, ``message_count``, ``paused``, ``channels``; each channel with
-        ``channel_name``, ``depth``, ``in_flight_count``, ``deferred_count``, ``paused``,
-        ``clients``...), ``memory`` and ``producers``. Lists nsqd sends as ``null`` are ``[]``.
-
-        Args:
-            topic: only this topic (``topics`` is empty when it does not exist).
-            channel: only this channel of ``topic``.
-            include_clients: False leaves every channel's ``clients`` empty, which is cheaper on
-                an nsqd with many consumers.
-
-        Raises:
-            InvalidName: a bad topic or channel name (nothing is sent).
-            ConfigError: ``channel`` without ``topic``.
-            HTTPAPIError: the request failed or the answer is malformed.
-            Stopped: the client is closed.
-        """
+        """nsqd's ``/stats?format=json``: ``version``, ``health``, ``topics`` (each with its
+        ``channels``, each channel with its ``clients``), ``memory``, ``producers``..., optionally
+        of one ``topic`` (``topics`` empty when it does not exist) or one ``channel`` of it. Lists
+        nsqd sends as ``null`` are ``[]``; ``include_clients=False`` leaves ``clients`` empty.
+        Raises :class:`~nsq_sync.errors.ConfigError` for a ``channel`` without ``topic``."""
         params = {"format": "json", "include_clients": "true" if include_clients else "false"}
         if channel is not None and topic is None:
             raise ConfigError("stats: channel filter needs a topic")
@@ -142,11 +100,7 @@ class NsqdHTTPClient(HTTPClientBase):
         return _normalise_stats(stats)
 
     def topic_stats(self, topic: str, *, include_clients: bool = True) -> dict[str, Any] | None:
-        """One topic's entry from :meth:`stats`, or None when nsqd has no such topic.
-
-        Raises:
-            InvalidName, HTTPAPIError, Stopped: as :meth:`stats`.
-        """
+        """One topic's entry of :meth:`stats`, or None when nsqd has no such topic."""
         name = validate_topic(topic)
         for entry in self.stats(name, include_clients=include_clients)["topics"]:
             if isinstance(entry, dict) and entry.get("topic_name") == name:
@@ -156,11 +110,7 @@ class NsqdHTTPClient(HTTPClientBase):
     def channel_stats(
         self, topic: str, channel: str, *, include_clients: bool = True
     ) -> dict[str, Any] | None:
-        """One channel's entry from :meth:`stats`, or None when the topic or channel is missing.
-
-        Raises:
-            InvalidName, HTTPAPIError, Stopped: as :meth:`stats`.
-        """
+        """One channel's entry of :meth:`stats`, or None when the topic or channel is missing."""
         topic_name = validate_topic(topic)
         channel_name = validate_channel(channel)
         stats = self.stats(topic_name, channel_name, include_clients=include_clients)
@@ -172,17 +122,8 @@ class NsqdHTTPClient(HTTPClientBase):
         return None
 
     def depth(self, topic: str, channel: str | None = None) -> int | None:
-        """Messages waiting in a topic, or in one of its channels (memory + disk).
-
-        Deferred and in-flight messages are not part of the depth; see ``deferred_count`` and
-        ``in_flight_count`` in :meth:`channel_stats`.
-
-        Returns:
-            The depth, or None when the topic (or channel) does not exist.
-
-        Raises:
-            InvalidName, HTTPAPIError, Stopped: as :meth:`stats`.
-        """
+        """Messages waiting in a topic, or in one of its channels (deferred and in-flight ones not
+        counted), or None when it does not exist."""
         if channel is None:
             entry = self.topic_stats(topic, include_clients=False)
         else:
@@ -197,23 +138,10 @@ class NsqdHTTPClient(HTTPClientBase):
     # ------------------------------------------------------------------ publishing
 
     def pub(self, topic: str, body: Body, delay: Duration | None = None) -> None:
-        """Publish one message (``POST /pub``), creating the topic if needed.
-
-        Args:
-            topic: the topic.
-            body: non-empty bytes or str (encoded as UTF-8).
-            delay: seconds (or a :class:`datetime.timedelta`, or ``"250ms"``) before the
-                message becomes visible to consumers; None or 0 for now. Sent as nsqd's
-                ``defer`` parameter in whole milliseconds; nsqd rejects more than its
-                ``--max-req-timeout`` (1 h by default) with 400 ``INVALID_DEFER``.
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            InvalidBody: an empty body or one that is not bytes/str (nothing is sent).
-            ConfigError: a negative, non-finite or non-duration ``delay`` (nothing is sent).
-            HTTPAPIError: no answer, or nsqd refused (e.g. 413 ``MSG_TOO_BIG``).
-            Stopped: the client is closed.
-        """
+        """Publish one message (``POST /pub``), creating the topic if needed. ``delay`` (seconds, a
+        :class:`datetime.timedelta` or ``"250ms"``) defers it, up to nsqd's ``--max-req-timeout``
+        (1 h by default; beyond: 400 ``INVALID_DEFER``). A negative, non-finite or non-duration
+        ``delay`` raises :class:`~nsq_sync.errors.ConfigError` (nothing is sent)."""
         params = {"topic": validate_topic(topic)}
         data = to_body(body)
         if delay is not None:
@@ -221,25 +149,13 @@ class NsqdHTTPClient(HTTPClientBase):
         self._request("POST", "/pub", params, data)
 
     def dpub(self, topic: str, body: Body, delay: Duration) -> None:
-        """Deferred publish: :meth:`pub` with ``delay`` (seconds). Raises as :meth:`pub`."""
+        """:meth:`pub` with a ``delay``."""
         self.pub(topic, body, delay)
 
     def mpub(self, topic: str, bodies: Iterable[Body], binary: bool = True) -> None:
         """Publish several messages atomically (``POST /mpub``), creating the topic if needed.
-
-        Args:
-            topic: the topic.
-            bodies: non-empty bytes or str bodies (at least one).
-            binary: send nsqd's binary format (a 4-byte count, then a 4-byte size and the bytes
-                of each body), which carries any bytes. False sends newline-separated bodies,
-                which cannot contain a newline.
-
-        Raises:
-            InvalidName: a bad topic name (nothing is sent).
-            InvalidBody: no bodies, an empty or non-bytes/str body, a single body instead of a
-                sequence, or a newline in a body when ``binary`` is False (nothing is sent).
-            HTTPAPIError: no answer, or nsqd refused (e.g. 413 ``BODY_TOO_BIG``).
-            Stopped: the client is closed.
+        ``binary=False`` sends newline-separated bodies: a body with a newline then raises
+        :class:`~nsq_sync.errors.InvalidBody`, as do no bodies and a single body (not a sequence).
         """
         params = {"topic": validate_topic(topic)}
         datas = _bodies(bodies, binary=binary)
@@ -258,51 +174,27 @@ class NsqdHTTPClient(HTTPClientBase):
     # create_topic, delete_topic, create_channel and delete_channel are HTTPClientBase's.
 
     def empty_topic(self, topic: str) -> None:
-        """Drop the messages queued in the topic itself (its channels keep theirs).
-
-        Raises:
-            InvalidName, HTTPAPIError (404 ``TOPIC_NOT_FOUND``), Stopped: as :meth:`delete_topic`.
-        """
+        """Drop the messages queued in the topic itself (its channels keep theirs)."""
         self._topic_op("empty", topic)
 
     def pause_topic(self, topic: str) -> None:
-        """Stop the topic from handing messages to its channels; they queue in the topic.
-
-        Raises:
-            InvalidName, HTTPAPIError (404 ``TOPIC_NOT_FOUND``), Stopped: as :meth:`delete_topic`.
-        """
+        """Stop the topic handing messages to its channels; they queue in the topic."""
         self._topic_op("pause", topic)
 
     def unpause_topic(self, topic: str) -> None:
-        """Resume a paused topic.
-
-        Raises:
-            InvalidName, HTTPAPIError (404 ``TOPIC_NOT_FOUND``), Stopped: as :meth:`delete_topic`.
-        """
+        """Resume a paused topic."""
         self._topic_op("unpause", topic)
 
     # ------------------------------------------------------------------ channel admin
 
     def empty_channel(self, topic: str, channel: str) -> None:
-        """Drop every message of a channel, deferred and in-flight ones included.
-
-        Raises:
-            InvalidName, HTTPAPIError (404), Stopped: as :meth:`delete_channel`.
-        """
+        """Drop every message of a channel, deferred and in-flight ones included."""
         self._channel_op("empty", topic, channel)
 
     def pause_channel(self, topic: str, channel: str) -> None:
-        """Stop delivering the channel's messages to consumers; they keep queueing.
-
-        Raises:
-            InvalidName, HTTPAPIError (404), Stopped: as :meth:`delete_channel`.
-        """
+        """Stop delivering the channel's messages to consumers; they keep queueing."""
         self._channel_op("pause", topic, channel)
 
     def unpause_channel(self, topic: str, channel: str) -> None:
-        """Resume a paused channel.
-
-        Raises:
-            InvalidName, HTTPAPIError (404), Stopped: as :meth:`delete_channel`.
-        """
+        """Resume a paused channel."""
         self._channel_op("unpause", topic, channel)

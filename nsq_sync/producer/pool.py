@@ -1,12 +1,5 @@
-"""A Producer's pool in one process: its nsqds, the preferred one, and the failover of a publish.
-
-The rules (which failures fail over, when a command is never resent, how backoff and the
-deadline bound a publish) are the producer's design, written once in :mod:`nsq_sync.producer`.
-This module carries them out: :meth:`Pool.publish_with_failover` tries the nsqds in turn
-within the publish's deadline, and :meth:`Pool.attempt_failed` decides, for every failed
-attempt, whether the caller must see the error or the loop goes on. One nsqd's connection and
-backoff are a :class:`~nsq_sync.producer.slot.Slot`.
-"""
+"""A Producer's pool in one process: its nsqds, the preferred one, and the failover of a publish,
+by the rules of :mod:`nsq_sync.producer.producer`."""
 
 from __future__ import annotations
 
@@ -37,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class Owner(Protocol):
-    """What a pool reads of the Producer it belongs to, at each use (both may change)."""
+    """What a pool reads of its Producer, at each use (both may change)."""
 
     retry_unknown: bool
 
@@ -46,8 +39,7 @@ class Owner(Protocol):
 
 
 def not_ok(answer: bytes) -> RemoteProtocolError:
-    """The error for an answer to a publish that is neither OK nor an error frame: the stream
-    is out of step with the requests (the outcome is unknown)."""
+    """The error for an answer to a publish that is neither OK nor an error frame."""
     return RemoteProtocolError(f"nsqd answered a publish with {answer[:100]!r} instead of OK")
 
 
@@ -68,14 +60,9 @@ class Attempts:
 
 
 class Pool:
-    """What one process of a producer owns: the slots, the preferred one and a token per
-    publish in progress (list append/pop are atomic: no lock on the publish path).
-
-    Args:
-        owner: the Producer, read at each use (closed, retry_unknown).
-        holder: the producer's per-process holder of this pool; a pool it no longer holds was
-            copied into a forked child, where it must not connect again.
-    """
+    """One process's slots, the preferred one, and a token per publish in progress (list append and
+    pop are atomic: no lock on the publish path). ``holder``: a pool it no longer holds was copied
+    into a forked child, where it must not connect again."""
 
     __slots__ = (
         "slots",
@@ -113,15 +100,9 @@ class Pool:
         return self._owner.closed
 
     def publish_with_failover(self, data: bytes, attempts: Attempts) -> str:
-        """Send ``data`` (a whole command) to the first nsqd that takes it, from the preferred
-        one on, within ``attempts.deadline``; the address of the nsqd that took it.
-
-        Raises:
-            ServerError: nsqd rejected it (not retriable).
-            PublishOutcomeUnknown: it may have been published (see :mod:`nsq_sync.producer`).
-            PublishError: no nsqd took it.
-            Stopped: the producer was closed before it was sent.
-        """
+        """Send ``data`` (a whole command) to the first nsqd that takes it, from the preferred one
+        on, before ``attempts.deadline``; the address of the nsqd that took it. Raises as
+        :meth:`Producer.publish <nsq_sync.producer.producer.Producer.publish>`."""
         deadline = attempts.deadline
         retried = False
         slots = self.slots
@@ -203,9 +184,8 @@ class Pool:
         error: Exception,
         attempts: Attempts,
     ) -> None:
-        """One attempt on ``slot`` raised ``error``: raise what the caller must see, or learn
-        from it (``attempts``) and return, and the failover loop goes on. ``sent``: the
-        command may have been written (connecting did not fail)."""
+        """After a failed attempt: raise what the caller must see, or record it in ``attempts`` and
+        return (the loop goes on). ``sent``: the command may have been written."""
         if isinstance(error, SlotBackingOff):
             return
         if isinstance(error, NotSent):
@@ -249,8 +229,7 @@ class Pool:
             raise error
 
     def _unknown_if_sent(self, sent: bool, slot: Slot, error: BaseException) -> bool:
-        """After a failure on ``slot``: raise PublishOutcomeUnknown if the command was written
-        and may not be resent; True if it was written (resent under ``retry_unknown``)."""
+        """Raise PublishOutcomeUnknown if the command was written and may not be resent."""
         if not sent:
             return False
         if self._owner.closed:

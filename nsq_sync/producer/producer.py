@@ -1,48 +1,19 @@
 """A thread-safe Producer: PUB/MPUB/DPUB with synchronous acks and failover across nsqds.
 
-This docstring is the producer's design; the modules that carry it out refer to it.
+The producer's design (pool.py and slot.py carry it out):
 
-No task of its own: each publish writes its command and waits for *its own* answer on the
-caller's thread. nsqd answers in order, so answers are matched to requests in FIFO order per
-connection, and many threads pipeline through one connection (:mod:`nsq_sync.wire.requests`: the
-first waiter reads for all, then hands the reading role on). A caller whose ``timeout`` runs
-out abandons only its own wait: the connection stays up for the others, and the late answer is
-matched to the abandoned request and dropped. The connections IDENTIFY with heartbeats off
-(nothing reads while idle; TCP keepalive is on).
-
-Failover (:mod:`nsq_sync.producer.pool`): the producer sticks to one nsqd (the first that works, in
-the order given) and moves to the next one when connecting fails (refused, reset, timed out)
-or nsqd answers with a *retriable* error (E_PUB_FAILED while it shuts down...). It never fails
-over on a rejection of the request itself (E_BAD_TOPIC, E_BAD_MESSAGE...), which would fail
-the same way everywhere. A publish first tries the preferred nsqd's open connection without
-the failover loop's set-up (the hot path, in :meth:`Producer._publish`); every failed attempt
-goes through :meth:`nsq_sync.producer.pool.Pool.attempt_failed`.
-
-Reconnecting (:mod:`nsq_sync.producer.slot`): one attempt at a time per nsqd, however many threads
-publish; the threads that arrive while it connects wait for that attempt (within their own
-timeout) instead of starting their own. A failed attempt counts once and backs the address off
-(exponentially, with jitter, up to ``reconnect_backoff_max``). While every address is backing
-off, a publish fails at once with a :class:`~nsq_sync.errors.PublishError` naming the
-addresses and the last cause; only the publish that sees a working address fail for the first
-time waits for its short first backoff (25-50 ms) and tries once more within its timeout.
-
-Duplicates: a command that may have reached nsqd (it was written, then the connection broke, the
-producer was closed or the caller's timeout ran out before the answer) is never sent again
-behind the caller's back: the publish raises :class:`~nsq_sync.errors.PublishOutcomeUnknown`
-(a PublishError). With ``retry_unknown=True`` the producer resends it on the next connection
-instead, within the same timeout: at-least-once, so nsqd may hold the message twice. Commands
-that certainly did not reach nsqd (connecting failed, nsqd answered with a retriable error) are
-always sent elsewhere.
-
-Fork safety: everything that must not cross a fork (the connections, their locks, the count of
-publishes in progress) lives in the per-process :class:`~nsq_sync.producer.pool.Pool`, held by
-:class:`nsq_sync.process.PerProcess`. In a forked child (gunicorn, uwsgi, celery,
-multiprocessing, Spark workers) the fork hook has already closed the child's copies of the
-parent's descriptors (never shutting the parent's sockets down), and the first publish builds
-the child's pool: exactly once per process, however many threads of the child publish at once,
-and never touching a connection opened in the child (:mod:`nsq_sync.process` says why this holds
-by construction). A publish of the parent copied into the child (gevent copies every greenlet)
-fails there with a PublishError or PublishOutcomeUnknown and goes on in the parent.
+- No task of its own: a publish writes its command and reads its own answer on the caller's
+  thread; threads pipeline on one connection, answers matched in FIFO order
+  (:mod:`nsq_sync.wire.requests`). A caller's timeout abandons only its own wait.
+- Failover: stick to the first nsqd that works; move on when connecting fails or nsqd answers
+  with a retriable error (E_PUB_FAILED...), never on a rejection of the request (E_BAD_TOPIC).
+- Reconnecting: one attempt at a time per nsqd, backing off exponentially with jitter. While
+  every address backs off, a publish fails at once; only the first failure of a working address
+  is retried, once, after its short first backoff.
+- Duplicates: a command that may have reached nsqd is never resent behind the caller's back
+  (PublishOutcomeUnknown) unless ``retry_unknown``; one that certainly did not goes elsewhere.
+- Fork safety: all that must not cross a fork lives in the per-process Pool
+  (:class:`nsq_sync.process.PerProcess`), which a forked child builds at its first publish.
 """
 
 from __future__ import annotations
@@ -77,14 +48,13 @@ class Producer:
     """Publishes to nsqd over TCP. Thread-safe; fork-safe; a context manager.
 
     Args:
-        nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference (one string
-            may hold several, separated by commas); empty: ``config.nsqd_tcp_addresses``.
+        nsqd_tcp_addresses: one ``host:port`` or a list, in order of preference (one string may
+            hold several, separated by commas); empty: ``config.nsqd_tcp_addresses``.
         config: a :class:`~nsq_sync.config.Config`; keyword ``overrides`` are applied on top.
         runtime: ``"auto"``, ``"threads"`` or ``"gevent"``.
         retry_unknown: resend a command whose outcome is unknown (the connection broke after it
-            was written) on the next connection, within the publish's timeout. nsqd may then
-            hold it twice. False (the default): raise
-            :class:`~nsq_sync.errors.PublishOutcomeUnknown` and let the caller decide.
+            was written) on the next connection, within the publish's timeout: nsqd may then hold
+            it twice. False (the default): raise :class:`~nsq_sync.errors.PublishOutcomeUnknown`.
 
     Raises:
         ConfigError: no address, a malformed address, or an invalid option.
@@ -123,7 +93,7 @@ class Producer:
 
     @property
     def _slots(self) -> list[Slot]:
-        """This process's slots (tests look at the connections through them)."""
+        """This process's slots (for tests)."""
         return self._pool.get().slots
 
     # ------------------------------------------------------------------ public API
@@ -131,17 +101,16 @@ class Producer:
     def publish(self, topic: str, body: Body, *, timeout: Duration | None = None) -> None:
         """PUB one message and wait for nsqd's OK. Thread-safe.
 
-        ``timeout`` (default ``publish_timeout``) bounds what the call waits for: connecting,
-        the handshake, and nsqd's answer. (A write in progress is bounded by ``write_timeout``:
-        cutting it short would tear the connection the other threads share.)
+        ``timeout`` (default ``publish_timeout``) bounds connecting, the handshake and the wait
+        for the answer; a write under way is bounded by ``write_timeout`` (cutting it short would
+        tear the connection other threads share).
 
         Raises:
             InvalidName, InvalidBody: bad topic or body (empty, over ``max_msg_size``); nothing
                 is sent.
             ServerError: nsqd rejected it (E_BAD_TOPIC, E_BAD_MESSAGE, E_UNAUTHORIZED...).
             PublishOutcomeUnknown: it was sent but no answer came (connection lost, producer
-                closed, timeout): nsqd may or may not hold it. Never resent unless
-                ``retry_unknown``.
+                closed, timeout): nsqd may or may not hold it. Resent only under ``retry_unknown``.
             PublishError: no nsqd accepted it (``reason`` holds the last error); at once while
                 every address is backing off after a failure.
             Stopped: the producer is closed (nothing was sent).
@@ -201,8 +170,8 @@ class Producer:
     def deferred_publish(
         self, topic: str, body: Body, delay: Duration, *, timeout: Duration | None = None
     ) -> None:
-        """DPUB: nsqd delivers the message after ``delay`` seconds (or a
-        :class:`datetime.timedelta`, or ``"250ms"``). Thread-safe.
+        """DPUB: nsqd delivers the message after ``delay`` (seconds, a :class:`datetime.timedelta`
+        or ``"250ms"``). Thread-safe.
 
         Raises:
             ConfigError: ``delay`` not a duration, negative, not finite, or over ``max_defer``;
@@ -224,9 +193,8 @@ class Producer:
 
     def close(self, timeout: Duration = 10.0) -> None:
         """Refuse new publishes, wait up to ``timeout`` s for those in progress, then close the
-        connections. No connection is opened after this; a publish still waiting for its answer
-        then raises :class:`~nsq_sync.errors.PublishOutcomeUnknown` ("producer closed").
-        Idempotent, thread-safe.
+        connections; a publish still waiting for its answer then raises
+        :class:`~nsq_sync.errors.PublishOutcomeUnknown`. Idempotent, thread-safe.
 
         Raises:
             ConfigError: ``timeout`` is not a duration >= 0 (nothing is closed).
@@ -270,8 +238,7 @@ class Producer:
         timeout: Duration | None,
         delay: float = 0.0,
     ) -> None:
-        """Publish through ``observer`` (metrics on). Apart from the public methods so that
-        they hold no closure: its cells would cost every publish, metrics on or off."""
+        """Publish through ``observer`` (metrics on); apart, so public methods hold no closure."""
         topic = validate_topic(topic)  # bad input raises before anything is recorded
         if op == "MPUB":
             observer.publish(op, topic, bodies, lambda b: self._mpub(topic, list(b), timeout))

@@ -1,11 +1,6 @@
-"""One nsqd of a Producer's pool: its connection and its reconnect backoff.
-
-A :class:`Slot` keeps one address's state; where a publish goes is the pool's
-(:mod:`nsq_sync.producer.pool`). The rules a slot follows (one connection attempt at a time, a failure
-counted once, exponential backoff) are the producer's design, in :mod:`nsq_sync.producer`. The
-slot's lock is held while connecting: the threads that arrive meanwhile wait for that attempt
-and use its connection, or see its failure as the slot's backoff.
-"""
+"""One nsqd of a Producer's pool: its connection and its reconnect backoff. The slot's lock is
+held while connecting: threads that arrive meanwhile wait for that attempt and use its
+connection, or see its failure as the slot's backoff."""
 
 from __future__ import annotations
 
@@ -37,15 +32,8 @@ class SlotBackingOff(Exception):
 
 
 class Slot:
-    """One nsqd of a producer's pool (in one process): its connection, if any, and its backoff.
-
-    Attributes:
-        address: the nsqd's ``host:port``.
-        conn: the open connection, or None.
-        failures: failed attempts since the last success.
-        retry_at: ``time.monotonic()`` before which no new connection is tried.
-        last_error: what failed last.
-    """
+    """One nsqd of a producer's pool: its connection (``conn``, or None) and its backoff
+    (``failures`` since the last success, no new connection before ``retry_at``, monotonic)."""
 
     __slots__ = (
         "address",
@@ -71,18 +59,9 @@ class Slot:
         self._rng = rng
 
     def connection(self, deadline: float, closed: Callable[[], bool]) -> NsqdConnection:
-        """The open connection, or a new one (one attempt at a time). Thread-safe.
-
-        Args:
-            deadline: ``time.monotonic()`` by which to give up waiting and connecting.
-            closed: tells whether the producer was closed (then nothing is opened).
-
-        Raises:
-            SlotBackingOff: the address is backing off after a failure.
-            Stopped: the producer was closed.
-            ConnectTimeout: another thread's attempt did not end in time.
-            NSQConnectionError, ProtocolError, ServerError: connecting failed (counted once).
-        """
+        """The open connection, or a new one (one attempt at a time, by ``deadline``; none once
+        ``closed()``). Thread-safe. Raises SlotBackingOff, Stopped, ConnectTimeout (another
+        thread's attempt did not end in time), or what connecting raised (counted once)."""
         conn = self.conn
         if conn is not None and not conn.closed:
             return conn
@@ -125,8 +104,8 @@ class Slot:
     def mark_failed(
         self, conn: NsqdConnection | None, error: BaseException, delay: float | None = None
     ) -> None:
-        """After ``error`` on ``conn`` (None: the attempt was already counted by
-        :meth:`connection`): drop the connection and back off."""
+        """After ``error`` on ``conn`` (None: already counted by :meth:`connection`): drop the
+        connection and back off."""
         if conn is None or self.conn is not conn:
             # Connecting failed (counted where it failed), or another thread using the same
             # connection already handled its failure (and maybe connected again): counting it
@@ -142,8 +121,7 @@ class Slot:
         self.back_off(error, delay)
 
     def back_off(self, error: BaseException, delay: float | None) -> None:
-        """Count a failure and wait ``delay`` seconds (None: exponential, with jitter) before
-        the next attempt."""
+        """Count a failure; no attempt for ``delay`` seconds (None: exponential, with jitter)."""
         self.last_error = error
         self.failures += 1
         if delay is None:

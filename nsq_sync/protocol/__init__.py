@@ -1,7 +1,7 @@
 """Sans-IO NSQ protocol: command encoders, an incremental frame decoder, message parsing.
 
-Nothing here touches sockets, threads or clocks; callers feed bytes in and write bytes out.
-Only :mod:`nsq_sync.errors` is imported from the rest of the package.
+Nothing here touches sockets, threads or clocks, and nothing of nsq_sync is imported but
+:mod:`nsq_sync.errors`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Stream codecs for the compression upgrades: bytes in, bytes out, no I/O.
-
-* deflate: raw DEFLATE (no zlib header), each write flushed with Z_SYNC_FLUSH so nsqd can decode
-  it at once (what Go's ``flate.Writer.Flush`` produces on the other side).
-* snappy: the snappy *framing* format (stream identifier + chunks), as Go's ``snappy.NewReader``
-  and ``snappy.NewWriter`` speak it. python-snappy is imported only when snappy is negotiated.
-"""
+"""Stream codecs of the compression upgrades (bytes in, bytes out): raw DEFLATE with each write
+flushed (Z_SYNC_FLUSH, so nsqd decodes it at once), and the snappy *framing* format, whose
+python-snappy is imported only when snappy is negotiated."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Pure encoders for every command of the NSQ V2 protocol: arguments in, bytes out.
-
-Inputs are validated before any bytes are produced, so nothing half-valid reaches the wire.
-Durations are float seconds; they become integer milliseconds only here.
-"""
+"""Pure encoders for every command of the NSQ V2 protocol: arguments in, bytes out. Inputs are
+validated before any bytes are produced; durations are float seconds, and become integer
+milliseconds only here."""
 
 from __future__ import annotations
 
@@ -28,11 +26,7 @@ CLS = b"CLS\n"
 
 
 def to_body(body: object, *, index: int | None = None) -> bytes:
-    """Return ``body`` as non-empty bytes (str is encoded as UTF-8).
-
-    Raises:
-        InvalidBody: the body is empty or not bytes-like/str.
-    """
+    """``body`` as non-empty bytes (str encoded as UTF-8); else InvalidBody."""
     if isinstance(body, bytes):
         data = body
     elif isinstance(body, (bytearray, memoryview)):
@@ -49,12 +43,8 @@ def to_body(body: object, *, index: int | None = None) -> bytes:
 
 
 def to_bodies(bodies: Iterable[Body]) -> list[bytes]:
-    """Return a batch of bodies as a list of non-empty bytes (see :func:`to_body`).
-
-    Raises:
-        InvalidBody: a single body instead of a sequence, no bodies, or a bad one (named by
-            its index).
-    """
+    """A batch of bodies as a list of non-empty bytes. Raises InvalidBody for a single body instead
+    of a sequence, no bodies, or a bad one (named by its index)."""
     if isinstance(bodies, (bytes, bytearray, memoryview, str)):
         raise InvalidBody("MPUB takes a sequence of bodies, not a single body")
     datas = bodies if type(bodies) is list else list(bodies)
@@ -67,15 +57,9 @@ def to_bodies(bodies: Iterable[Body]) -> list[bytes]:
 
 
 def to_ms(seconds: float, name: str = "delay") -> int:
-    """Seconds as the whole milliseconds nsqd takes (DPUB, REQ, the HTTP ``defer`` parameter).
-
-    Public callers validate durations with :func:`nsq_sync.config.to_seconds` first; this keeps
-    the encoders safe for direct use and raises the same exception for the same mistake.
-
-    Raises:
-        ConfigError: not a number, not finite, negative, or over 2**31-1 ms (24.8 days); the
-            message names ``name`` and the value.
-    """
+    """Seconds as the whole milliseconds nsqd takes (DPUB, REQ, HTTP ``defer``). Raises
+    ConfigError, naming ``name``, for a non-number, a non-finite or negative value, or over
+    2**31-1 ms."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise ConfigError(f"{name} must be a number of seconds, got {seconds!r}")
     if not math.isfinite(seconds) or seconds < 0:
@@ -110,11 +94,8 @@ def identify(data: Mapping[str, Any]) -> bytes:
 
 
 def auth(secret: str | bytes) -> bytes:
-    """``AUTH`` with the secret as the body.
-
-    Raises:
-        LocalProtocolError: the secret is empty.
-    """
+    """``AUTH`` with the secret as the body. Raises LocalProtocolError for an empty secret, or one
+    that is not str or bytes."""
     if isinstance(secret, str):
         data = secret.encode("utf-8")
     elif isinstance(secret, (bytes, bytearray)):
@@ -127,21 +108,21 @@ def auth(secret: str | bytes) -> bytes:
 
 
 def sub(topic: str, channel: str) -> bytes:
-    """``SUB <topic> <channel>``. Raises InvalidName for bad names."""
+    """``SUB <topic> <channel>``. Raises InvalidName."""
     t = validate_topic(topic)
     c = validate_channel(channel)
     return f"SUB {t} {c}\n".encode("ascii")
 
 
 def pub(topic: str, body: Body) -> bytes:
-    """``PUB <topic>`` + one body. Raises InvalidName / InvalidBody."""
+    """``PUB <topic>`` and one body. Raises InvalidName, InvalidBody."""
     head = _pub_head(topic)  # the topic's error first
     data = body if type(body) is bytes and body else to_body(body)
     return head + _U32.pack(len(data)) + data  # (a quarter cheaper than b"%s%s%s" %)
 
 
 def _pub_head(topic: object) -> bytes:
-    """``b"PUB <topic>\n"``; a str topic's is cached once validated (a regex per publish)."""
+    """The ``PUB <topic>`` line; cached per str topic once validated (a regex less per publish)."""
     if type(topic) is str:
         return _pub_head_of(topic)
     return _pub_head_of.__wrapped__(topic)
@@ -153,18 +134,13 @@ def _pub_head_of(topic: object) -> bytes:
 
 
 def mpub(topic: str, bodies: Iterable[Body]) -> bytes:
-    """``MPUB <topic>`` + a batch of bodies, published atomically.
-
-    Raises:
-        InvalidName: bad topic.
-        InvalidBody: no bodies, or one of them empty / of the wrong type.
-    """
+    """``MPUB <topic>`` and a batch of bodies, published atomically. Raises InvalidName and, as
+    :func:`to_bodies`, InvalidBody."""
     return mpub_checked(validate_topic(topic), to_bodies(bodies))
 
 
 def mpub_checked(topic: str, datas: list[bytes]) -> bytes:
-    """:func:`mpub` for a topic and bodies already validated (:func:`validate_topic`,
-    :func:`to_bodies`): the producer checks them once, for its size limits too."""
+    """:func:`mpub` of a topic and bodies already validated (the producer checks them once)."""
     pack = _U32.pack
     n = len(datas)
     sizes = list(map(len, datas))
@@ -179,12 +155,8 @@ def mpub_checked(topic: str, datas: list[bytes]) -> bytes:
 
 
 def dpub(topic: str, body: Body, delay: float) -> bytes:
-    """``DPUB <topic> <defer_ms>`` + one body; ``delay`` in seconds. The arguments come in the
-    order of :meth:`nsq_sync.Producer.deferred_publish`.
-
-    Raises:
-        InvalidName, InvalidBody, ConfigError (a negative, non-finite or non-numeric delay).
-    """
+    """``DPUB <topic> <defer_ms>`` and one body; ``delay`` in seconds. Raises InvalidName,
+    InvalidBody, ConfigError (a bad delay, as :func:`to_ms`)."""
     t = validate_topic(topic)
     data = to_body(body)
     ms = to_ms(delay)
@@ -192,7 +164,7 @@ def dpub(topic: str, body: Body, delay: float) -> bytes:
 
 
 def rdy(count: int) -> bytes:
-    """``RDY <count>``. Raises LocalProtocolError for a negative or non-int count."""
+    """``RDY <count>``. Raises LocalProtocolError for a count that is not an int in 0..2**31-1."""
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_RDY:
         raise LocalProtocolError(f"RDY count must be an int >= 0, got {count!r}")
     return b"RDY %d\n" % count
@@ -204,11 +176,8 @@ def fin(message_id: bytes) -> bytes:
 
 
 def req(message_id: bytes, delay: float) -> bytes:
-    """``REQ <id> <timeout_ms>``; ``delay`` in seconds (0 requeues at once).
-
-    Raises:
-        LocalProtocolError (a malformed id), ConfigError (a bad delay, as :func:`to_ms`).
-    """
+    """``REQ <id> <timeout_ms>``; ``delay`` in seconds (0 requeues at once). Raises
+    LocalProtocolError (a malformed id) or ConfigError (a bad delay, as :func:`to_ms`)."""
     return b"REQ %s %d\n" % (_msg_id(message_id), to_ms(delay, "requeue delay"))
 
 

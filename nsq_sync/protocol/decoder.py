@@ -1,11 +1,10 @@
-"""Incremental frame decoder: bytes in, events out (the h11 shape).
+"""Incremental frame decoder, bytes in and events out (the h11 shape)::
 
-    decoder = FrameDecoder()
     decoder.receive_data(chunk)          # b"" means the peer closed the connection
     for event in decoder.events():       # stops at NEED_DATA; raises on garbage
         ...
 
-Frames are ``[4-byte size][4-byte frame type][data]`` where size counts the type and the data.
+A frame is ``[4-byte size][4-byte frame type][data]``, the size counting type and data.
 """
 
 from __future__ import annotations
@@ -67,11 +66,7 @@ _BAD_PROTOCOL = b"E_BAD_PROTOCOL"
 
 
 def parse_message(data: bytes) -> MessageFrame:
-    """Parse the payload of a message frame.
-
-    Raises:
-        RemoteProtocolError: when the payload is shorter than the 26-byte message header.
-    """
+    """Parse the payload of a message frame; RemoteProtocolError if shorter than its header."""
     if len(data) < MESSAGE_HEADER_SIZE:
         raise RemoteProtocolError(
             f"message frame of {len(data)} bytes is shorter than the {MESSAGE_HEADER_SIZE}-byte header"
@@ -82,11 +77,8 @@ def parse_message(data: bytes) -> MessageFrame:
 
 class FrameDecoder:
     """Turns a byte stream from nsqd into events. Not thread-safe: one reader owns it.
-
-    Args:
-        max_frame_size: largest frame accepted (type and data included); a bigger announced size
-            raises :class:`~nsq_sync.errors.FrameTooLarge` before any of it is buffered.
-    """
+    A frame announced above ``max_frame_size`` raises :class:`~nsq_sync.errors.FrameTooLarge`
+    before any of it is buffered."""
 
     __slots__ = ("_buf", "_pos", "_eof", "max_frame_size")
 
@@ -99,11 +91,8 @@ class FrameDecoder:
         self.max_frame_size = max_frame_size
 
     def receive_data(self, data: bytes) -> None:
-        """Feed bytes read from the connection; ``b""`` signals end of stream.
-
-        Raises:
-            RemoteProtocolError: when data arrives after end of stream was signalled.
-        """
+        """Feed bytes read from the connection; ``b""`` signals the end of the stream (data after
+        it raises RemoteProtocolError)."""
         if not data:
             self._eof = True
             return
@@ -132,23 +121,20 @@ class FrameDecoder:
         return len(self._buf) - self._pos
 
     def take_trailing_data(self) -> bytes:
-        """Remove and return the bytes not yet decoded.
-
-        Used when the connection upgrades to TLS or compression right after the IDENTIFY
-        response: bytes read past that frame belong to the new layer, not to this decoder.
-        """
+        """Remove and return the bytes not yet decoded: after IDENTIFY, they belong to the TLS or
+        compression layer that starts there."""
         data = bytes(self._buf[self._pos :])
         self._buf = b""
         self._pos = 0
         return data
 
     def next_event(self) -> Event | _Sentinel:
-        """Return the next complete event, :data:`NEED_DATA` or :data:`EOF`.
+        """The next complete event, :data:`NEED_DATA` or :data:`EOF`.
 
         Raises:
             FrameTooLarge: a frame announces more than ``max_frame_size`` bytes.
-            RemoteProtocolError: garbage (bad size or frame type, an HTTP reply) or a
-                stream that ended in the middle of a frame.
+            RemoteProtocolError: garbage (bad size or frame type, an HTTP answer) or a stream that
+                ended in the middle of a frame.
         """
         buf = self._buf
         pos = self._pos
@@ -193,17 +179,10 @@ class FrameDecoder:
         raise RemoteProtocolError(f"unknown frame type {frame_type}")
 
     def next_messages(self, out: list[RawMessage]) -> Event | _Sentinel:
-        """Append every complete message frame at the front of the buffer to ``out``, then
-        return what follows as :meth:`next_event` does (another event, NEED_DATA or EOF).
-
-        The fast path for a consumer: one unpack and one copy per message, each appended as a
-        plain ``(id, timestamp, attempts, body)`` tuple (:data:`RawMessage`; the fields of a
-        :class:`MessageFrame`, without building one). Messages decoded before garbage are in
-        ``out`` when the error is raised.
-
-        Raises:
-            The errors of :meth:`next_event`.
-        """
+        """Append every complete message frame at the front of the buffer to ``out`` as a plain
+        ``(id, timestamp, attempts, body)`` tuple (:data:`RawMessage`, the consumer's fast path),
+        then return what :meth:`next_event` returns. Raises as :meth:`next_event`; the messages
+        decoded before garbage are in ``out`` by then."""
         buf = self._buf
         pos = self._pos
         end_of_data = len(buf)

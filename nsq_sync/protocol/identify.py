@@ -15,11 +15,8 @@ DEFAULT_MAX_RDY_COUNT = 2500
 
 @dataclass(frozen=True)
 class IdentifyResult:
-    """What nsqd answered to IDENTIFY; durations in float seconds.
-
-    ``negotiated`` is False when nsqd answered a bare ``OK`` (no feature negotiation), in which
-    case every other field holds its conservative default.
-    """
+    """What nsqd answered to IDENTIFY; durations in float seconds. ``negotiated`` is False after a
+    bare ``OK`` (no feature negotiation); every other field then holds its default."""
 
     negotiated: bool = False
     max_rdy_count: int = DEFAULT_MAX_RDY_COUNT
@@ -38,11 +35,7 @@ class IdentifyResult:
 
     @classmethod
     def parse(cls, data: bytes) -> IdentifyResult:
-        """Parse the IDENTIFY response payload.
-
-        Raises:
-            RemoteProtocolError: neither ``OK`` nor a JSON object.
-        """
+        """Parse the IDENTIFY answer; RemoteProtocolError if neither ``OK`` nor a JSON object."""
         if data == OK:
             return cls()
         try:

@@ -43,18 +43,10 @@ def _validate(kind: str, name: object) -> str:
 
 
 def validate_topic(topic: object) -> str:
-    """Return ``topic`` as str if valid (bytes are decoded as ASCII).
-
-    Raises:
-        InvalidName: naming the topic and the rule it breaks.
-    """
+    """``topic`` as str if valid (bytes decoded as ASCII); else InvalidName, naming the rule."""
     return _validate("topic", topic)
 
 
 def validate_channel(channel: object) -> str:
-    """Return ``channel`` as str if valid (bytes are decoded as ASCII).
-
-    Raises:
-        InvalidName: naming the channel and the rule it breaks.
-    """
+    """``channel`` as str if valid (bytes decoded as ASCII); else InvalidName naming the rule."""
     return _validate("channel", channel)

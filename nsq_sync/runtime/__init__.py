@@ -1,15 +1,8 @@
-"""Threads and gevent behind one small interface.
-
-Every blocking primitive nsq_sync uses (tasks, events, locks, queues, sockets, sleep) comes from
-a :class:`Runtime`. ``"auto"`` picks gevent when gevent has monkey-patched ``socket``, and plain
-threads otherwise -- never at import (users may patch after importing nsq_sync). A Producer
-decides in each process at its first publish there (:class:`AutoRuntime`): one made in a gunicorn
-master with ``--preload`` runs on gevent in ``-k gevent`` workers, which patch after the fork; if
-gevent patches a process after a producer started there on threads, it warns. A Consumer decides
-at ``start()``: its parts are built with what "auto" picks when it is made, and built again on
-gevent at ``start()`` if gevent patched the process since (``consumer.runtime`` reports, before
-``start()``, what "auto" would pick now).
-"""
+"""Threads and gevent behind one small interface: every blocking primitive nsq_sync uses comes
+from a :class:`Runtime`. ``"auto"`` picks gevent when gevent has monkey-patched ``socket``,
+else threads, and never decides at import (users may patch after importing nsq_sync): a
+Producer decides in each process at its first publish there (:class:`AutoRuntime`), a Consumer
+at ``start()``."""
 
 from __future__ import annotations
 
@@ -84,8 +77,8 @@ def patched_after(runtime: Runtime) -> bool:
 
 
 def warn_if_patched_late(runtime: Runtime, what: str) -> None:
-    """Warn (RuntimeWarning) when ``runtime`` is threads but gevent has patched the process
-    since: the client then blocks the gevent hub instead of yielding to other greenlets."""
+    """Warn (RuntimeWarning) when ``runtime`` is threads but gevent has patched the process since:
+    the client would block the gevent hub."""
     if patched_after(runtime):
         warnings.warn(
             f"{what} runs on the threads runtime, but gevent monkey-patched this process after "
@@ -108,13 +101,9 @@ class _Choice:
 
 
 class AutoRuntime:
-    """``runtime="auto"`` decided lazily: at the first use in each process (the first lock,
-    task or socket asked of it there), again after a fork. Reading :attr:`name` decides nothing.
-
-    Only for clients that create their primitives at first use and afresh after a fork (the
-    Producer). Connections get the concrete runtime (:meth:`resolve`), so their hot paths pay no
-    indirection.
-    """
+    """``runtime="auto"`` decided at the first use in each process (again after a fork); reading
+    :attr:`name` decides nothing. Only for clients that make their primitives at first use and
+    afresh after a fork (the Producer); connections get the concrete runtime (:meth:`resolve`)."""
 
     def __init__(self) -> None:
         self._choice: _Choice | None = None  # made at its first use in each process
@@ -125,15 +114,13 @@ class AutoRuntime:
 
     @property
     def name(self) -> str:
-        """``"threads"`` or ``"gevent"``: the decision in this process, or (before it is made)
-        what it would be now."""
+        """``"threads"`` or ``"gevent"``, as decided in this process, or as it would be now."""
         choice = self._current()
         return _detected() if choice is None else choice.runtime.name
 
     def resolve(self) -> Runtime:
-        """The concrete runtime of this process, deciding it now if not yet decided here.
-        Warns once per process if gevent patched the process after threads were chosen.
-        Thread-safe (threads deciding at once decide alike)."""
+        """This process's concrete runtime, decided now if need be; warns once per process if
+        gevent patched it after threads were chosen. Thread-safe (racing threads decide alike)."""
         choice = self._current()
         if choice is None:
             choice = self._choice = _Choice()
@@ -142,8 +129,8 @@ class AutoRuntime:
         return choice.runtime
 
     def patched_late(self) -> bool:
-        """True (with a RuntimeWarning, once per process) when threads were chosen here and
-        gevent has patched the process since."""
+        """True (with a RuntimeWarning, once per process) when threads were chosen here and gevent
+        patched the process since."""
         choice = self._current()
         if choice is None or not patched_after(choice.runtime):
             return False
@@ -184,12 +171,11 @@ class AutoRuntime:
 
 
 def resolve_runtime(runtime: str | Runtime | None = "auto", *, lazy: bool = False) -> Runtime:
-    """Return the runtime to use.
+    """The runtime to use.
 
     Args:
         runtime: ``"auto"`` (gevent if gevent patched ``socket``, else threads), ``"threads"``,
-            ``"gevent"``, or a Runtime instance (an :class:`AutoRuntime` resolves to the
-            concrete runtime of this process unless ``lazy``).
+            ``"gevent"``, or a Runtime (an :class:`AutoRuntime` is resolved unless ``lazy``).
         lazy: return an :class:`AutoRuntime` for ``"auto"`` (decided at first use per process).
 
     Raises:

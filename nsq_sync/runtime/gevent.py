@@ -18,8 +18,7 @@ from nsq_sync import process as _fork
 
 
 def _kill(greenlet: Any) -> None:
-    """In a forked child (the fork hook): end a copied greenlet. ``kill(block=False)`` only
-    schedules the GreenletExit on the hub (no lock, no switch now)."""
+    """Fork hook: end a copied greenlet (``kill(block=False)``: no lock, no switch now)."""
     if not greenlet.dead:
         greenlet.kill(block=False)
 
@@ -55,14 +54,9 @@ class GeventRuntime:
         gevent.sleep(seconds)
 
     def create_connection(self, address: tuple[str, int], timeout: float) -> Any:
-        """Dial ``address`` within ``timeout`` seconds, name resolution included.
-
-        ``gevent.socket.create_connection`` resolves every host, an IP literal too, on the
-        hub's thread pool, and its ``timeout`` covers only ``connect()``: a resolution that
-        waits for a worker thread (every worker busy, or a loaded machine) held a publish past
-        its deadline. An IP literal is dialled without the resolver; a host name's resolution
-        counts against ``timeout`` (socket.timeout when it runs out, as for a connect).
-        """
+        """Dial ``address`` within ``timeout``, name resolution included (gevent's own
+        ``create_connection`` does not count the resolver's time): an IP literal is dialled without
+        the resolver; socket.timeout when the time runs out."""
         host, port = address
         family = _ip_family(host)
         if family is not None:

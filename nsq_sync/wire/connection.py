@@ -1,14 +1,8 @@
 """One nsqd TCP connection: a reader task, thread-safe writes, and requests matched to answers.
 
-:meth:`NsqdConnection.connect` runs the handshake (magic, IDENTIFY, upgrades, AUTH: see
-:mod:`nsq_sync.wire.handshake`).
-
-The reader task (one per connection) decodes frames, answers ``_heartbeat_`` with NOP itself and
-hands everything else to a :class:`ConnectionHandler` (the consumer) or to the request waiting
-for it (the producer). It never runs user code, so a slow handler can never delay a heartbeat.
-
-Requests matched to answers (:meth:`NsqdConnection.request`, with or without a reader task)
-are :mod:`nsq_sync.wire.requests`.
+The reader task answers heartbeats itself and hands everything else to a
+:class:`ConnectionHandler` (the consumer) or to the request waiting for it (the producer). It
+never runs user code, so a slow handler never delays a heartbeat.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class ConnectionHandler(Protocol):
-    """Receives what the reader task does not handle itself. Methods run on the reader task and
+    """Receives what the reader task does not handle itself. Its methods run on the reader task and
     must return quickly (queue work; never block, never run user code)."""
 
     def on_messages(self, conn: NsqdConnection, messages: list[RawMessage]) -> None: ...
@@ -47,26 +41,14 @@ class ConnectionHandler(Protocol):
 
 
 class NsqdConnection(RequestsMixin):
-    """A connection to one nsqd.
+    """A connection to one nsqd; :meth:`send` and :meth:`request` are thread-safe. Two modes:
 
-    Two modes:
-
-    * **consumer** (:meth:`start_reader` called): a reader task owns the socket's reading side,
-      answers heartbeats and hands messages to the handler;
-    * **request/response** (no reader task, used by the producer): a caller of :meth:`request`
-      reads the answers itself (the reading role, :mod:`nsq_sync.wire.requests`), so a lone
-      publisher has no task switch per publish. Such connections IDENTIFY with heartbeats
-      disabled (nothing reads while idle); dead peers show up as failed publishes, and TCP
-      keepalive is on.
-
-    :meth:`send` and :meth:`request` are thread-safe.
-
-    Args:
-        address: nsqd's TCP ``host:port``.
-        config: options (timeouts, TLS, compression, AUTH, IDENTIFY fields).
-        runtime: threads or gevent (see :func:`nsq_sync.runtime.resolve_runtime`).
-        handler: receives messages, unsolicited responses/errors and the close notification.
-        heartbeats: False asks nsqd not to send heartbeats (request/response connections).
+    * **consumer** (:meth:`start_reader`): a reader task owns the reading side, answers heartbeats
+      and hands messages to ``handler``;
+    * **request/response** (no reader task: the producer): a caller of :meth:`request` reads the
+      answers itself (:mod:`nsq_sync.wire.requests`), so a lone publisher has no task switch per
+      publish. With ``heartbeats=False`` nsqd sends none (nothing reads while idle); TCP keepalive
+      is on instead.
     """
 
     def __init__(
@@ -119,15 +101,14 @@ class NsqdConnection(RequestsMixin):
         """Dial and run the handshake: magic, IDENTIFY, TLS, compression, AUTH.
 
         Args:
-            timeout: seconds the whole of it may take (None: ``dial_timeout`` for the dial, then
-                ``read_timeout`` for each answer of the handshake). Every step is bounded by
-                what is left of it, so a server that accepts TCP and never answers costs at
-                most ``timeout``.
+            timeout: seconds the whole handshake may take (None: ``dial_timeout`` for the dial,
+                then ``read_timeout`` for each answer); each step is bounded by what is left of it.
 
         Raises:
             NSQConnectionError: cannot connect, or the connection broke (ConnectTimeout,
-                ReadTimeout, ConnectionClosed).
-            TLSError: TLS requested but unavailable, or the certificate did not verify.
+                ReadTimeout, ConnectionClosed, HandshakeError).
+            TLSError: TLS refused (or required) by nsqd, or the certificate did not verify.
+            ConfigError: a CA, certificate or key file cannot be loaded.
             AuthError: nsqd requires AUTH and no ``auth_secret`` is configured.
             ServerError: nsqd rejected IDENTIFY or AUTH (E_UNAUTHORIZED, E_AUTH_FAILED...).
             RemoteProtocolError: garbage from the peer (for example an HTTP port).
@@ -156,11 +137,8 @@ class NsqdConnection(RequestsMixin):
         return self.identify
 
     def subscribe(self, topic: str, channel: str) -> None:
-        """Send SUB and wait for OK (before the reader starts).
-
-        Raises:
-            InvalidName, ServerError (E_BAD_TOPIC, E_UNAUTHORIZED...), NSQConnectionError.
-        """
+        """Send SUB and wait for OK (before the reader starts). Raises InvalidName, ServerError or
+        NSQConnectionError."""
         data = commands.sub(topic, channel)
         transport = self._transport
         assert transport is not None
@@ -249,25 +227,15 @@ class NsqdConnection(RequestsMixin):
     # ------------------------------------------------------------------ writing
 
     def send(self, data: bytes) -> None:
-        """Write one encoded command. Thread-safe.
-
-        Raises:
-            ConnectionClosed: the connection is closed.
-            NSQConnectionError: the write failed or timed out.
-        """
+        """Write one encoded command. Thread-safe. Raises ConnectionClosed, NSQConnectionError."""
         transport = self._transport
         if transport is None or self.closed:
             raise ConnectionClosed("connection is closed", self.address, by_server=False)
         transport.send(data)
 
     def buffer(self, data: bytes) -> bool:
-        """Buffer a command for the next :meth:`flush` (or :meth:`send`). Thread-safe.
-
-        Returns:
-            True when the buffer was empty: the caller must make sure :meth:`flush` follows.
-
-        Raises:
-            ConnectionClosed: the connection is closed.
+        """Buffer a command for the next :meth:`flush` (or :meth:`send`). Thread-safe. True when
+        the buffer was empty: the caller must make sure a flush follows. Raises ConnectionClosed.
         """
         transport = self._transport
         if transport is None or self.closed:
@@ -275,11 +243,7 @@ class NsqdConnection(RequestsMixin):
         return transport.buffer(data)
 
     def flush(self) -> None:
-        """Write what :meth:`buffer` buffered. Thread-safe.
-
-        Raises:
-            ConnectionClosed, NSQConnectionError.
-        """
+        """Write what :meth:`buffer` buffered. Thread-safe. Raises as :meth:`send`."""
         transport = self._transport
         if transport is None or self.closed:
             raise ConnectionClosed("connection is closed", self.address, by_server=False)
@@ -288,9 +252,9 @@ class NsqdConnection(RequestsMixin):
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Write what is buffered (after any write under way on another task, up to
-        ``write_timeout``), then close the socket (no CLS); the reader task ends and reports the
-        close. Idempotent, thread-safe."""
+        """Write what is buffered (after a write under way, up to ``write_timeout``), then close
+        the socket (no CLS); the reader task ends and reports the close. Idempotent, thread-safe.
+        """
         self._closing = True
         if self._transport is not None and not self.closed:
             try:
@@ -300,9 +264,7 @@ class NsqdConnection(RequestsMixin):
         self._close_transport()
 
     def abandon(self) -> None:
-        """Drop the connection in a forked child without touching the parent's socket: close
-        only this process's descriptors. A task of the parent copied into the child (gevent)
-        that waits on this connection then fails, and its reader ends quietly. Takes no lock."""
+        """Fork hook: close this process's descriptors only (not the parent's socket); no lock."""
         self._closing = True
         self.closed = True
         if self._transport is not None:

@@ -1,11 +1,7 @@
 """The handshake of one nsqd connection, before its reader runs: magic, IDENTIFY, TLS, snappy or
-deflate, AUTH (and SUB's OK for a consumer).
-
-Everything here reads synchronously on the task that dialled (no reader task yet), through the
-connection's transport and frame decoder; :class:`~nsq_sync.wire.connection.NsqdConnection` calls it
-from ``connect()`` and ``subscribe()``. After an upgrade the decoder's trailing bytes go to the
-new layer first (nsqd may send its OK right behind the IDENTIFY answer).
-"""
+deflate, AUTH (and SUB's OK for a consumer), read synchronously by the task that dialled.
+After an upgrade the decoder's trailing bytes go to the new layer first (nsqd may send its OK
+right behind the IDENTIFY answer)."""
 
 from __future__ import annotations
 
@@ -38,7 +34,7 @@ __all__ = ["Handshake", "identify_body", "server_error"]
 
 
 def identify_body(config: Config, heartbeats: bool = True) -> dict[str, Any]:
-    """The IDENTIFY JSON for ``config`` (durations converted to milliseconds here)."""
+    """The IDENTIFY JSON for ``config`` (durations become milliseconds here, and only here)."""
     hostname = config.hostname or socket.gethostname()
     body: dict[str, Any] = {
         "client_id": config.client_id or hostname.split(".")[0],
@@ -62,8 +58,7 @@ def identify_body(config: Config, heartbeats: bool = True) -> dict[str, Any]:
 
 
 def server_error(frame: ErrorFrame, address: str) -> BaseException:
-    """The exception for an error frame from nsqd at ``address`` (a TLS hint for
-    ``E_INVALID ... TLS required``)."""
+    """The exception for an error frame (TLSError for ``E_INVALID ... TLS required``)."""
     error = frame.to_exception()
     if error.code == "E_INVALID" and "TLS required" in error.text:
         return TLSError(f"nsqd requires TLS (--tls-required); set tls_v1=True: {error}", address)
@@ -71,17 +66,8 @@ def server_error(frame: ErrorFrame, address: str) -> BaseException:
 
 
 class Handshake:
-    """Reads and writes of the handshake on one transport (synchronous, before the reader).
-
-    Args:
-        transport: the dialled transport.
-        decoder: the connection's frame decoder (it keeps what follows the handshake).
-        config: the options.
-        address: nsqd's ``host:port`` (for errors).
-        log: the connection's logger.
-        deadline: monotonic time the whole handshake must end by, or None (``read_timeout``
-            per answer).
-    """
+    """Reads and writes of the handshake on one transport. ``deadline``: the monotonic time the
+    whole handshake must end by, or None (``read_timeout`` per answer)."""
 
     def __init__(
         self,
@@ -100,12 +86,8 @@ class Handshake:
         self.deadline = deadline
 
     def run(self, heartbeats: bool) -> IdentifyResult:
-        """Magic, IDENTIFY, then the upgrades and AUTH nsqd's answer calls for.
-
-        Raises:
-            NSQConnectionError, TLSError, AuthError, ServerError, RemoteProtocolError: as
-            :meth:`NsqdConnection.connect <nsq_sync.wire.connection.NsqdConnection.connect>`.
-        """
+        """Magic, IDENTIFY, then the upgrades and AUTH nsqd's answer calls for; raises as
+        :meth:`NsqdConnection.connect <nsq_sync.wire.connection.NsqdConnection.connect>`."""
         cfg = self.config
         transport = self.transport
         if not heartbeats:

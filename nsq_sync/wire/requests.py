@@ -1,21 +1,15 @@
-"""Requests matched to answers on one nsqd connection: the producer's request/response machinery.
+"""Requests matched to answers on one nsqd connection. nsqd answers commands in order, so
+:meth:`~RequestsMixin.request` keeps a FIFO of waiters: answer *n* belongs to request *n*.
 
-:class:`RequestsMixin` is a part of :class:`nsq_sync.wire.connection.NsqdConnection`, kept apart
-because it is used in both of the connection's modes. nsqd answers commands in order, so
-:meth:`~RequestsMixin.request` keeps a FIFO of waiters: response *n* belongs to request *n*.
-
-* **With a reader task** (a consumer connection): the reader decodes every frame and hands
-  responses and error frames to :meth:`~RequestsMixin._on_response` / ``_on_error``, which
-  answer the oldest waiter (or pass the frame to the connection's handler when nobody waits).
-* **Without one** (the producer): whoever calls :meth:`~RequestsMixin.request` while nobody is
-  reading takes the *reading role*, reads answers for every waiting request in order, and hands
-  the role to the next waiter once its own answer arrived.
+* With a reader task (a consumer connection), the reader hands answers to the oldest waiter
+  (or to the connection's handler when nobody waits).
+* Without one (the producer), whoever calls :meth:`~RequestsMixin.request` while nobody reads
+  takes the *reading role*, reads answers for every waiting request in order, and hands the
+  role on once its own answer arrived.
 
 Non-fatal errors (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) answer fire-and-forget commands
-and are never matched to a waiter.
-
-A mixin rather than an object the connection owns: :meth:`~RequestsMixin.request` is the
-publish hot path, and a delegating call would add a Python call to every publish.
+and are never matched to a waiter. A mixin of the connection, not an object it owns: a
+delegating call would add a Python call to every publish.
 """
 
 from __future__ import annotations
@@ -46,13 +40,12 @@ _OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00" + OK
 
 class NotSent(ConnectionClosed):
     """The command certainly did not take effect (safe to send elsewhere): the connection was
-    closed before it was written, or nsqd closed it after a fatal error to an earlier command
-    (nsqd executes nothing after such an error)."""
+    closed before it was written, or nsqd closed it after a fatal error to an earlier command."""
 
 
 class _Waiter:
-    """One request waiting for its answer. ``event`` exists only when the requester waits for
-    another task to read its answer; ``reader`` is set when it is handed the reading role."""
+    """One request waiting for its answer. ``event`` exists only when another task reads its
+    answer; ``reader`` is set when it is handed the reading role."""
 
     __slots__ = ("event", "result", "error", "done", "reader", "abandoned")
 
@@ -66,12 +59,8 @@ class _Waiter:
 
 
 class RequestsMixin:
-    """The request/answer part of :class:`~nsq_sync.wire.connection.NsqdConnection`.
-
-    The connection's ``__init__`` calls :meth:`_init_requests`; the attributes annotated below
-    are the connection's, which this part reads (and ``closed``/``close_error``, which it sets
-    when the connection breaks under a request).
-    """
+    """The request/answer part of :class:`~nsq_sync.wire.connection.NsqdConnection`, which calls
+    :meth:`_init_requests`; the attributes annotated below are the connection's."""
 
     # the connection's state, set by NsqdConnection.__init__ / connect()
     address: str
@@ -142,17 +131,16 @@ class RequestsMixin:
     # ------------------------------------------------------------------ requests
 
     def request(self, data: bytes, timeout: float) -> bytes:
-        """Write a command and wait for *its* response (OK, or an error frame). Thread-safe;
-        many threads may pipeline requests on one connection.
+        """Write a command and wait for *its* answer (OK, or an error frame). Thread-safe; threads
+        pipeline requests on one connection.
 
-        A timeout abandons only this request: the connection stays up, and the answer, if it
-        comes, is matched to this request (FIFO) and dropped. A write that fails (or times out)
-        closes the connection and fails every request waiting on it: a torn command would leave
-        the answers out of step with the requests.
+        A timeout abandons only this request: the connection stays up, and the late answer is
+        matched to it and dropped. A failed (or timed-out) write closes the connection and fails
+        every request waiting on it: a torn command would put the answers out of step.
 
         Raises:
             ServerError: nsqd answered with a (fatal) error frame for this command.
-            NotSent: the connection was closed before anything was written (nothing reached nsqd).
+            NotSent: the connection was closed before anything was written.
             ReadTimeout: no answer within ``timeout`` seconds (the outcome is unknown).
             ConnectionClosed / NSQConnectionError: the connection broke before the answer (the
                 outcome is unknown).
@@ -213,8 +201,7 @@ class RequestsMixin:
         return self._read_answers(waiter, deadline)
 
     def _abandon(self, waiter: _Waiter) -> None:
-        """``waiter``'s requester stops waiting: the next reader drops its answer; a reading
-        role handed to it meanwhile goes on to the next waiter."""
+        """Stop waiting: the answer will be dropped, and a reading role handed over moves on."""
         with self._request_lock:
             waiter.abandoned = True
             handed = waiter.reader
@@ -222,8 +209,7 @@ class RequestsMixin:
             self._pass_reading_role()
 
     def _own_waiter(self) -> _Waiter:
-        """A request that took the reading role alone gets its waiter, at the front (its
-        answer comes first on the wire): from now on the answers are matched in order."""
+        """A request that took the reading role alone gets its waiter, at the queue's front."""
         waiter = _Waiter()
         waiter.reader = True
         with self._request_lock:
@@ -231,9 +217,8 @@ class RequestsMixin:
         return waiter
 
     def _read_answers(self, waiter: _Waiter | None, deadline: float) -> bytes:
-        """Holding the reading role: read until this request is answered, pass the role on and
-        return the answer (or raise it). ``waiter`` None: the request took the role alone, so
-        the first answer is its own."""
+        """With the reading role: read until this request is answered, pass the role on, return
+        the answer (or raise it). ``waiter`` None: the first answer is this request's."""
         transport = self._transport
         assert transport is not None
         decoder = self._decoder
@@ -323,8 +308,7 @@ class RequestsMixin:
             raise RemoteProtocolError(f"unexpected {type(event).__name__} on a publisher")
 
     def _torn(self, error: BaseException) -> None:
-        """The connection broke mid-request (a failed write or read): close it and fail every
-        waiting request with ``error`` (their outcome is unknown), and free the reading role."""
+        """Broken mid-request: close, fail every waiting request, free the reading role."""
         self._close_transport()
         self._fail_waiters(
             error

@@ -1,4 +1,4 @@
-"""Build the client :class:`ssl.SSLContext` from a Config (certificates verified by default)."""
+"""The client :class:`ssl.SSLContext` of a Config (certificates verified by default)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_
 
 
 def build_ssl_context(config: Config) -> ssl.SSLContext:
-    """Return ``config.ssl_context`` if given, else a verifying client context.
-
-    ``tls_root_ca_file`` replaces the system CA store (like go-nsq's RootCAs);
-    ``tls_insecure_skip_verify`` turns verification off (explicit opt-out only).
-
-    Raises:
-        ConfigError: a CA, certificate or key file cannot be loaded.
-    """
+    """``config.ssl_context`` if given, else a verifying client context (``tls_root_ca_file``
+    replaces the system CA store). Raises ConfigError when a CA, certificate or key file cannot
+    be loaded."""
     if config.ssl_context is not None:
         return config.ssl_context
     try:

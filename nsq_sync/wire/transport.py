@@ -1,16 +1,11 @@
 """The only socket user: a TCP connection with optional TLS and compression layers.
 
-TLS runs on :class:`ssl.SSLObject` over memory BIOs instead of :class:`ssl.SSLSocket`: the reader
-thread decrypts while worker threads encrypt, and OpenSSL does not allow one SSL object to be
-used by two threads at once. With memory BIOs every OpenSSL call is short, non-blocking and made
-under ``_tls_lock``, while the blocking socket reads and writes happen outside it.
-
-The socket is duplicated so the reading side has ``read_timeout`` and the writing side
-``write_timeout`` (Python sockets carry a single timeout).
-
-Lock order: ``_write_lock`` before ``_tls_lock``. Writes go through one writer at a time (the
-role taken under ``_buf_lock``); ``_write_lock`` only matters under TLS, where the reader task
-writes too (a key update's answer).
+- TLS runs on :class:`ssl.SSLObject` over memory BIOs, not :class:`ssl.SSLSocket`: the reader
+  decrypts while other threads encrypt, and one SSL object must not be used by two threads at
+  once. Every OpenSSL call is short and made under ``_tls_lock``; socket I/O happens outside it.
+- The socket is duplicated so reads have ``read_timeout`` and writes ``write_timeout``.
+- One writer at a time (the role is taken under ``_buf_lock``). Lock order: ``_write_lock``
+  before ``_tls_lock``; ``_write_lock`` matters only under TLS, where the reader writes too.
 """
 
 from __future__ import annotations
@@ -108,7 +103,7 @@ class Transport:
         self.read_timeout = read_timeout
 
     def _set_timeout(self, sock: Any, timeout: float, write: bool = False) -> None:
-        """The read (or write) timeout, in the kernel or on the Python socket (see __init__)."""
+        """The read (or write) timeout, in the kernel (plain threads) or on the Python socket."""
         if not self._kernel_timeouts:
             sock.settimeout(timeout)
             return
@@ -128,11 +123,8 @@ class Transport:
     def start_tls(
         self, context: ssl.SSLContext, server_hostname: str | None, initial: bytes
     ) -> None:
-        """Run the TLS handshake; ``initial`` holds bytes already read past the IDENTIFY reply.
-
-        Raises:
-            TLSError: the handshake failed (certificate not verified, protocol mismatch).
-        """
+        """Run the TLS handshake; ``initial``: bytes already read past the IDENTIFY answer. Raises
+        TLSError when it fails (certificate not verified, protocol mismatch)."""
         self._tls_in = ssl.MemoryBIO()
         self._tls_out = ssl.MemoryBIO()
         try:
@@ -163,8 +155,7 @@ class Transport:
         self._tls = tls
 
     def install_codec(self, codec: Codec, initial: bytes) -> None:
-        """Compress everything from now on; ``initial`` (already-read plaintext) is decoded first
-        and returned by the next :meth:`recv`."""
+        """Compress from now on; ``initial`` (plaintext already read) is decoded first."""
         self._codec = codec
         if initial:
             self._read_ahead = codec.decompress(initial)
@@ -176,16 +167,9 @@ class Transport:
     # ------------------------------------------------------------------ I/O
 
     def recv(self, timeout: float | None = None) -> bytes:
-        """Return the next plaintext bytes; ``b""`` when the peer closed. One reader at a time.
-
-        Args:
-            timeout: seconds to wait for data; None means ``read_timeout``.
-
-        Raises:
-            ReadTimeout: nothing arrived within the timeout.
-            ConnectionClosed: the connection was closed locally.
-            NSQConnectionError: a socket or TLS error.
-        """
+        """The next plaintext bytes (``b""``: the peer closed), within ``timeout`` (None:
+        ``read_timeout``). One reader at a time. Raises ReadTimeout, ConnectionClosed (closed
+        locally) or NSQConnectionError."""
         if self._read_ahead:
             data, self._read_ahead = self._read_ahead, b""
             return data
@@ -211,27 +195,16 @@ class Transport:
                 return raw
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` (compressed and encrypted as negotiated). Thread-safe.
-
-        Writes are combined: when another task is writing, ``data`` joins the buffer that task
-        writes next, and this call returns at once (a failure then closes the connection, which
-        every user of it notices).
-
-        Raises:
-            ConnectionClosed, NSQConnectionError (including a write timeout).
-        """
+        """Write ``data`` (compressed and encrypted as negotiated). Thread-safe. While another task
+        writes, ``data`` joins what it writes next and this returns at once (a failure then closes
+        the connection). Raises ConnectionClosed or NSQConnectionError (a write timeout too)."""
         first = self.enqueue(data)
         if first is not None:
             self.drain(first)
 
     def enqueue(self, data: bytes) -> bytes | None:
-        """Hand ``data`` to the writer. Thread-safe.
-
-        Returns:
-            None when another task is writing (it writes ``data`` next); otherwise the caller is
-            now the writer and must call :meth:`drain` with the returned bytes (``data``, after
-            whatever was buffered before it).
-        """
+        """Hand ``data`` to the writer. Thread-safe. None when another task is writing (it writes
+        ``data`` next); else the caller is the writer and must :meth:`drain` the bytes returned."""
         # `with`, not acquire()/release(): a KeyboardInterrupt delivered as acquire() returns
         # would leave the lock held, and every later write (and close()) would wait on it.
         with self._buf_lock:
@@ -247,24 +220,15 @@ class Transport:
         return data
 
     def buffer(self, data: bytes) -> bool:
-        """Buffer ``data`` for the next write (by :meth:`send` or :meth:`flush`). Thread-safe.
-
-        Workers answer messages (FIN/REQ) through here: one write per batch instead of one
-        system call per message. The caller must make sure a flush follows soon.
-
-        Returns:
-            True when the buffer was empty (the caller should schedule a flush).
-        """
+        """Buffer ``data`` for the next write (one write per batch of FIN/REQ). Thread-safe. True
+        when the buffer was empty: the caller must make sure a flush follows."""
         with self._buf_lock:
             self._buf.append(data)
             return len(self._buf) == 1 and not self._writing
 
     def flush(self, wait: bool = False) -> None:
-        """Write whatever is buffered (unless another task is writing it now). Thread-safe.
-
-        With ``wait``, a write another task has under way is waited for (up to
-        ``write_timeout``), then whatever is still buffered is written: what closes the
-        transport next must not cut off a FIN or REQ that was already on its way.
+        """Write what is buffered, unless another task is writing it now. Thread-safe. ``wait``:
+        first wait for that write (up to ``write_timeout``): closing must not cut off a FIN or REQ.
         """
         deadline = None
         while True:
@@ -285,14 +249,9 @@ class Transport:
         self.drain()
 
     def drain(self, first: bytes | None = None) -> None:
-        """As the writer: write ``first`` (what :meth:`enqueue` returned), then the buffer until
-        it is empty, then give up the role.
-
-        A write that times out (or fails locally) closes the transport: part of a command may have been
-        written, so nothing more may follow on this stream (nsqd would read garbage, and the
-        answers would no longer match the commands). Commands buffered by other tasks are
-        dropped with it; the owner of the connection fails everything waiting on it.
-        """
+        """As the writer: write ``first``, then the buffer till it is empty, then give the role up.
+        A write that fails (other than by the peer closing) closes the transport: part of a command
+        may be out, so nothing may follow on this stream. Buffered commands are dropped with it."""
         buf = self._buf
         lock = self._buf_lock
         data = first
@@ -391,8 +350,8 @@ class Transport:
             raise ConnectionClosed(f"write failed: {exc}", self.address) from exc
 
     def abandon(self) -> None:
-        """Forget the socket in a forked child: close our descriptors without shutting the
-        connection down (the parent still uses it). Takes no lock; idempotent."""
+        """Fork hook: close our descriptors without shutting the connection down (the parent still
+        uses it). Takes no lock; idempotent."""
         self.closed = True
         for sock in (self._wsock, self._rsock):
             process.close_socket(sock)  # close(2) only; shutdown(2) would cut the parent too

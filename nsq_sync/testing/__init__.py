@@ -1,9 +1,7 @@
 """Real nsqd/nsqlookupd processes for tests, and the pytest plugin that manages them.
 
-Public, so applications can test against real servers too: :class:`NsqdProcess` and
-:class:`NsqlookupdProcess` run a server on free loopback ports, and the fixtures are in
-:mod:`nsq_sync.testing.pytest_plugin`. Importing this package starts nothing and does not import
-pytest.
+Public, so that applications can test against real servers too. Importing this package starts
+nothing and does not import pytest.
 """
 
 from __future__ import annotations

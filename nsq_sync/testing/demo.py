@@ -1,10 +1,10 @@
 """Run a script against a throwaway nsqlookupd and nsqd on loopback ports.
 
-``python -m nsq_sync.testing.demo examples/quickstart.py [script args...]`` runs the script with
-this interpreter and ``NSQD_TCP_ADDRESS``, ``NSQD_HTTP_ADDRESS``, ``NSQLOOKUPD_TCP_ADDRESS`` and
-``NSQLOOKUPD_HTTP_ADDRESS`` set, and prints both servers' log tails if it fails. The exit status
-is the script's (128 + N for signal N, 124 past ``--timeout``, 130 on Ctrl-C). SIGTERM is passed
-on to the script, and the servers are stopped in every case.
+``python -m nsq_sync.testing.demo SCRIPT [ARGS...]`` sets ``NSQD_TCP_ADDRESS``,
+``NSQD_HTTP_ADDRESS``, ``NSQLOOKUPD_TCP_ADDRESS`` and ``NSQLOOKUPD_HTTP_ADDRESS`` for the script
+and prints both servers' log tails if it fails; the servers are always stopped. The exit status
+is the script's (128 + N for signal N, 124 past ``--timeout``, 130 on Ctrl-C); SIGTERM is
+passed on to it.
 """
 
 from __future__ import annotations

@@ -174,9 +174,8 @@ class ClusterFactory(_Factory):
         nsqd_args: Iterable[str] = (),
         lookupd_args: Iterable[str] = (),
     ) -> Cluster:
-        """Start an nsqlookupd and ``n`` nsqds; return once its ``/nodes`` lists every nsqd.
-
-        ``nsqd_args`` are extra flags for every nsqd, ``lookupd_args`` for the nsqlookupd.
+        """Start an nsqlookupd and ``n`` nsqds, each with its extra flags (``lookupd_args``,
+        ``nsqd_args``); return once the lookupd's ``/nodes`` lists every nsqd.
 
         Raises:
             ValueError: ``n`` is negative.

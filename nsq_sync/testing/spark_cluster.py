@@ -120,8 +120,7 @@ class SparkStandaloneCluster:
         """Start the master, then the workers; return once the master lists them ALIVE.
 
         Raises:
-            SparkClusterError: no pyspark or java, or a daemon exited or did not come up in time
-                (the message holds the end of its log).
+            SparkClusterError: no pyspark or java, or a daemon exited or did not come up.
         """
         deadline = time.monotonic() + timeout
         env = self.env()

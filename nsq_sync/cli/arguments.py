@@ -1,10 +1,7 @@
 """The ``nsq-sync`` command line's arguments: the argparse types of counts and durations, the
 server options every subcommand takes (before or after its name), and :class:`UsageError`.
 
-The types apply the package's one check for each value (:func:`nsq_sync.config.positive_int`,
-:func:`nsq_sync.durations.positive_seconds`, :func:`nsq_sync.durations.to_seconds`), so the
-command line takes what the API takes, and turn its :class:`~nsq_sync.errors.ConfigError` into
-the one line argparse prints (exit status 2).
+The types apply the package's own checks, so the command line takes what the API takes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The ``nsq-sync`` subcommands pub, tail, drain, stats and lookup: their arguments and what
-each does (``dead-letter`` is :mod:`nsq_sync.cli.dead_letter`).
+"""The ``nsq-sync`` subcommands pub, tail, drain, stats and lookup.
 
-Each ``cmd_*`` takes the parsed arguments (the common options merged) and returns the exit
-status; bad usage raises UsageError or a ConfigError/InvalidName/InvalidBody (exit 2), an
-unreachable server Unreachable (exit 1): :func:`nsq_sync.cli.main` turns them into one line.
+Each ``cmd_*`` takes the parsed arguments and returns the exit status; bad usage raises
+UsageError, ConfigError, InvalidName or InvalidBody (exit 2), an unreachable server Unreachable
+(exit 1), which ``main`` turns into one line.
 """
 
 from __future__ import annotations

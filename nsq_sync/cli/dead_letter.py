@@ -1,12 +1,7 @@
 """``nsq-sync dead-letter list|replay`` and the ``--dead-letter-topic`` flag of tail and drain.
 
-    nsq-sync dead-letter list TOPIC    [--limit N] [--idle-timeout S]
-    nsq-sync dead-letter replay TOPIC  [--to TOPIC] [--max-messages N] [--where TEXT]
-                                       [--idle-timeout S] [--max-in-flight N]
-
-Both read the durable ``dead-letter`` channel of the dead-letter topic with ``max_attempts`` 0
-and put back what they do not replay (see :mod:`nsq_sync.dead_letter`). The table goes to
-stdout; the summary to stderr.
+Both subcommands read the dead-letter topic's durable ``dead-letter`` channel and put back what
+they do not replay (see :mod:`nsq_sync.dead_letter`).
 """
 
 from __future__ import annotations

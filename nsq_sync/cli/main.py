@@ -1,21 +1,7 @@
-"""The ``nsq-sync`` command line (also ``python -m nsq_sync``).
+"""The ``nsq-sync`` command line (also ``python -m nsq_sync``): the parser and the exit status.
 
-    nsq-sync pub TOPIC [BODY ...]      [--delay S] [--batch N] [--rate R]
-    nsq-sync tail TOPIC                [-c CHANNEL] [-n N] [--format raw|json] [--take-backlog]
-    nsq-sync drain TOPIC CHANNEL       [-o FILE] [--idle-timeout S] [--max-messages N] [--timeout S]
-                                       [--format raw|json]
-    nsq-sync stats                     [--topic T]
-    nsq-sync lookup TOPIC
-    nsq-sync dead-letter list TOPIC    [--limit N] [--idle-timeout S]
-    nsq-sync dead-letter replay TOPIC  [--to T] [--max-messages N] [--where TEXT]
-
-tail and drain also take ``--dead-letter-topic T [--max-attempts N]`` (nsq_sync.cli.dead_letter),
-and ``--metrics-port PORT`` (nsq_sync.cli.metrics).
-
-Common options, before or after the subcommand: ``--nsqd-tcp-address HOST:PORT`` and
-``--lookupd-http-address URL`` (both repeatable), ``--nsqd-http-address URL`` (repeatable),
-``-v``. Data goes to stdout; logs, errors and progress go to stderr. Exit status: 0 done (SIGTERM
-or SIGINT on tail or drain is a graceful stop), 1 messages failed or a server could not be
+Data goes to stdout; logs, errors and progress go to stderr. Exit status: 0 done (SIGTERM or
+SIGINT on tail or drain is a graceful stop), 1 messages failed or a server could not be
 reached, 2 bad usage or a bad name (nothing sent).
 """
 
@@ -59,9 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and return its exit status:
-    0 done, 1 failures or a server unreachable, 2 bad usage (a line on stderr says which).
-    argparse's own usage errors, ``--help`` and ``--version`` raise SystemExit (2 or 0)."""
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``); return its exit status.
+
+    Errors are one line on stderr. argparse's usage errors (a malformed address among them),
+    ``--help`` and ``--version`` raise SystemExit (2 or 0)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     where = f"{PROG} {args.command}"

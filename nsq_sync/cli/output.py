@@ -51,14 +51,10 @@ def writer(
     progress: Progress | None = None,
     on_broken_pipe: Callable[[], None] | None = None,
 ) -> Any:
-    """A handler writing each message to ``stream``, written out before the handler returns
-    (and the message is finished).
-
-    The line goes straight to the unbuffered layer under ``stream`` (what is buffered in
-    ``stream`` is flushed first): a write that fails (disk full) leaves nothing behind in a
-    buffer for a later flush to write, so the message, which is requeued, is not written twice.
-    ``on_broken_pipe``: called when the reader of a pipe has gone (``nsq-sync tail T | head``);
-    the message is then requeued at once, without backoff.
+    """A handler writing each message to ``stream`` before it returns (and the message is
+    finished). The line goes straight to the unbuffered layer, so a failed write leaves nothing
+    in a buffer to be written again with the requeued message. ``on_broken_pipe`` is called
+    when a pipe's reader has gone; the message is then requeued at once, without backoff.
     """
     stream.flush()
     raw = getattr(stream, "raw", stream)

@@ -1,9 +1,6 @@
 """A one-line progress display on a terminal (``nsq-sync drain``), from the standard library.
 
-It rewrites one line of a terminal stream (``\\r`` then the text, padded over the last one) a
-few times a second from its own thread: the count, the rate (from the start to the latest
-count, so it holds still while nothing arrives) and the elapsed time. A stream that is not a terminal gets nothing at all, so cron mail and log files stay
-clean. Thread-safe: :meth:`Progress.add` may be called from any thread.
+A stream that is not a terminal gets nothing at all, so cron mail and log files stay clean.
 """
 
 from __future__ import annotations
@@ -19,12 +16,9 @@ INTERVAL = 0.2
 
 
 class Progress:
-    """Counts ``unit`` and shows the count on ``stream`` while it is a terminal.
-
-    Args:
-        stream: where the line is drawn (stderr: stdout carries data).
-        unit: what is counted, plural ("messages").
-        enabled: None draws only when ``stream.isatty()``.
+    """Counts ``unit`` (plural: "messages") and redraws the count, rate and elapsed time on
+    ``stream`` a few times a second from its own thread; ``enabled=None`` draws only on a
+    terminal. :meth:`add` is thread-safe.
     """
 
     def __init__(self, stream: TextIO, unit: str, enabled: bool | None = None) -> None:

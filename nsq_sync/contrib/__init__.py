@@ -1,4 +1,1 @@
-"""Framework integrations: :mod:`nsq_sync.contrib.django` and :mod:`nsq_sync.contrib.flask`.
-
-Each imports its framework only when imported itself (``import nsq_sync`` imports neither).
-"""
+"""Framework integrations (Django, Flask): each imports its framework only when imported itself."""

@@ -1,6 +1,5 @@
 """What the Django and Flask integrations share: settings validation, the per-process Producer,
-and running a consumer to an exit status. Imports neither Django nor Flask.
-"""
+and running a consumer to an exit status. Must import neither Django nor Flask."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ _KNOWN = sorted(_OPTIONS | {NSQD, LOOKUPD, METRICS})
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the settings. ``kind``: "unknown" (no such key), "invalid" (a bad
-    value), "address" (a malformed address), "missing" (no address at all), "conflict"
-    (options that contradict each other)."""
+    """One thing wrong with the settings; ``kind`` is "unknown", "invalid", "address" (malformed),
+    "missing" (no address at all) or "conflict" (options that contradict each other)."""
 
     key: str
     kind: str
@@ -79,8 +77,8 @@ def _check_addresses(name: str, key: str, value: Any) -> Problem | None:
 def find_problems(
     options: Mapping[str, Any], key_name: Callable[[str], str] = str
 ) -> list[Problem]:
-    """Everything wrong with ``options`` (settings keys as the user wrote them), each naming the
-    key as :func:`key_name` spells it for the user (``NSQ_MAX_IN_FLIGHT`` in Flask)."""
+    """Everything wrong with ``options``, each naming the key as ``key_name`` spells it for the
+    user (``NSQ_MAX_IN_FLIGHT`` in Flask)."""
     problems: list[Problem] = []
     config_options: dict[str, Any] = {}
     for raw_key, value in options.items():
@@ -131,7 +129,7 @@ def parse_settings(options: Mapping[str, Any], key_name: Callable[[str], str] = 
     """Validate ``options`` and return them as :class:`NsqSettings`.
 
     Raises:
-        ConfigError: the first problem :func:`find_problems` reports (naming the key).
+        ConfigError: every problem :func:`find_problems` reports, joined (each naming its key).
     """
     problems = find_problems(options, key_name)
     if problems:
@@ -170,8 +168,8 @@ class ProducerHolder:
         return Producer(list(settings.nsqd_tcp_addresses), settings.config)
 
     def get(self) -> Producer:
-        """Raises:
-        ConfigError: the settings have no nsqd TCP address (or are invalid)."""
+        """The Producer (a new one after :meth:`close`); raises :class:`ConfigError` without
+        an nsqd TCP address, or the settings' own error when they are invalid."""
         producer = self._producer.get()
         while self._inherited:
             try:
@@ -206,11 +204,9 @@ def make_consumer(
     batch_timeout: float | None = None,
     dead_letter_topic: str | None = None,
 ) -> Consumer | BatchConsumer:
-    """A Consumer on the settings' addresses; with ``batch_size``, a BatchConsumer whose
-    ``handler`` receives lists of up to ``batch_size`` messages (``batch_timeout`` seconds
-    after the first, default 1). ``max_in_flight`` defaults to the settings' value, raised to
-    ``concurrency`` (or ``batch_size``) so that every worker (or a whole batch) can have a
-    message. ``dead_letter_topic``: see :class:`~nsq_sync.consumer.Consumer`.
+    """A Consumer on the settings' addresses, or with ``batch_size`` a BatchConsumer (whose
+    ``batch_timeout`` defaults to 1). ``max_in_flight`` defaults to the settings' value, raised
+    to ``concurrency`` (or ``batch_size``) so that every worker (or a whole batch) can have one.
 
     Raises:
         InvalidName, ConfigError: a bad name, no address, a bad option, ``batch_timeout``
@@ -248,10 +244,8 @@ def make_consumer(
 def run_to_exit_status(
     consumer: Consumer | BatchConsumer, idle_timeout: float | None, max_messages: int | None
 ) -> int:
-    """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; return the
-    exit status (:attr:`~nsq_sync.consumer.running.RunSummary.exit_status`): 0 after SIGTERM/SIGINT (a
-    graceful stop is success), else 0 when nothing failed and 1 when handlers failed or gave
-    up."""
+    """Run ``consumer`` until SIGTERM/SIGINT, ``idle_timeout`` or ``max_messages``; log how it
+    ended and return :attr:`~nsq_sync.consumer.running.RunSummary.exit_status`."""
     summary = consumer.run(idle_timeout=idle_timeout, max_messages=max_messages)
     log.log(
         logging.INFO if summary.ok else logging.WARNING,
@@ -278,12 +272,9 @@ def _routed(logger: logging.Logger) -> bool:
 
 
 def show_logs(level: int) -> bool:
-    """For the consume commands: when the application routes nsq_sync's log records nowhere
-    (no handler on the ``nsq_sync`` logger or above it; the library itself adds only a
-    NullHandler, which also keeps Python's last-resort handler quiet), send them to stderr from
-    ``level`` up, so that a failing handler is seen, with its traceback. Logging the application
-    configured is left alone. Returns whether a handler was added. Call it from the main thread
-    before the consumer starts.
+    """For the consume commands: if the application routes nsq_sync's logs nowhere, send them to
+    stderr from ``level`` up, so that a failing handler is seen; return whether it did. Call it
+    from the main thread before the consumer starts.
     """
     logger = logging.getLogger("nsq_sync")
     if _routed(logger):

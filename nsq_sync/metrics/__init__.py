@@ -1,13 +1,8 @@
-"""Metrics and traces: Prometheus (``nsq_sync[prometheus]``) and OpenTelemetry
-(``nsq_sync[otel]``), for every Consumer, BatchConsumer and Producer of the process.
+"""Metrics and traces: Prometheus and OpenTelemetry, for every client of the process.
 
-    from nsq_sync import metrics
-    metrics.enable_prometheus()        # the series of docs/metrics.md, in prometheus_client's registry
-    metrics.enable_otel()              # spans and metrics per the messaging semantic conventions
-
-Turned on once, at start-up (before or after the clients are made: consumers already running
-are attached too). While nothing is enabled the clients pay one ``is None`` check per batch of
-events. Neither library is imported until its ``enable_*`` function is called.
+Turned on once, at start-up, before or after the clients are made (running consumers are
+attached too). While nothing is enabled the clients pay one ``is None`` check per batch of
+events, and neither library is imported until its ``enable_*`` function is called.
 """
 
 from __future__ import annotations
@@ -47,14 +42,10 @@ def _require(module: str, extra: str) -> None:
 
 
 def enable_prometheus(registry: Any = None) -> None:
-    """Report every client of the process to Prometheus: the ``nsq_sync_*`` series (counters,
-    gauges, histograms) registered in ``registry`` (prometheus_client's default ``REGISTRY``
-    when None). Works in prometheus_client's multiprocess mode: set ``PROMETHEUS_MULTIPROC_DIR``
-    before the first import of prometheus_client, as its docs say. Serving ``/metrics`` is the
-    application's (``prometheus_client.start_http_server``, its WSGI app, or
-    :func:`serve_prometheus`). Calling it again with the same registry does nothing.
-
-    Not thread-safe: call at start-up.
+    """Report every client of the process to Prometheus as the ``nsq_sync_*`` series, registered
+    in ``registry`` (prometheus_client's default ``REGISTRY`` when None). Works in multiprocess
+    mode. Serving ``/metrics`` is the application's (e.g. :func:`serve_prometheus`). Calling it
+    again with the same registry does nothing. Not thread-safe: call at start-up.
 
     Raises:
         ImportError: prometheus_client is missing (``pip install 'nsq_sync[prometheus]'``).
@@ -75,20 +66,17 @@ def enable_prometheus(registry: Any = None) -> None:
 def enable_otel(
     meter_provider: Any = None, tracer_provider: Any = None, *, propagation: Any = None
 ) -> None:
-    """Report every client of the process to OpenTelemetry: ``send {topic}`` (PRODUCER) and
-    ``process {topic}`` (CONSUMER) spans, and the ``messaging.client.*`` and
-    ``messaging.process.duration`` metrics, from ``meter_provider`` and ``tracer_provider``
-    (the global providers when None: with no SDK configured nothing is recorded).
+    """Report every client of the process to OpenTelemetry: ``send {topic}`` and ``process
+    {topic}`` spans and the ``messaging.*`` metrics, from ``meter_provider`` and
+    ``tracer_provider`` (the global ones when None; with no SDK, nothing is recorded). Calling
+    it again with the same arguments does nothing. Not thread-safe: call at start-up.
 
-    ``propagation`` carries the trace context inside message bodies (NSQ has no headers), so
-    that a process span's parent is its message's send span: ``"envelope"`` (a
-    :class:`TraceEnvelope`), or an object with ``inject(body, carrier) -> bytes`` and
-    ``extract(body) -> (carrier, body)`` for the application's own body format. Every
-    producer and consumer of the messages must use the same one. None (the default): bodies are
-    untouched and process spans are roots. Calling it again with the same arguments does
-    nothing.
-
-    Not thread-safe: call at start-up.
+    Args:
+        propagation: How the trace context travels inside message bodies (NSQ has no headers),
+            so that a process span's parent is its message's send span: ``"envelope"`` (a
+            :class:`TraceEnvelope`), or an object with ``inject(body, carrier) -> bytes`` and
+            ``extract(body) -> (carrier, body)``; every producer and consumer of the messages
+            must use the same one. None: bodies are untouched and process spans are roots.
 
     Raises:
         ImportError: opentelemetry-api is missing (``pip install 'nsq_sync[otel]'``).
@@ -116,9 +104,8 @@ def enable_otel(
 
 
 def enable(backends: str | Iterable[str] | None, setting: str = "metrics") -> None:
-    """Enable backends by name: "prometheus", "otel", a comma-separated string or a list of
-    them; None or "" enables nothing. What the Django (``NSQ["metrics"]``) and Flask
-    (``NSQ_METRICS``) settings take.
+    """Enable backends by name ("prometheus", "otel", comma-separated or a list; None or ""
+    for none), as the Django and Flask settings name them.
 
     Raises:
         ConfigError: an unknown name (the message names ``setting``).
@@ -132,11 +119,8 @@ def enable(backends: str | Iterable[str] | None, setting: str = "metrics") -> No
 
 
 def parse_backends(backends: Any, setting: str = "metrics") -> list[str]:
-    """The backend names in ``backends`` (see :func:`enable`), checked.
-
-    Raises:
-        ConfigError: not a string or list of strings, or an unknown name (naming ``setting``).
-    """
+    """The backend names in ``backends`` (see :func:`enable`), checked; raises
+    :class:`ConfigError` naming ``setting`` for anything else."""
     if backends is None or backends is False or backends == "":
         return []
     if isinstance(backends, str):
@@ -156,17 +140,15 @@ def parse_backends(backends: Any, setting: str = "metrics") -> list[str]:
 
 
 def disable() -> None:
-    """Stop reporting: every backend is removed (the Prometheus series stay registered, and
-    are used again by a later :func:`enable_prometheus` with the same registry). Not
-    thread-safe."""
+    """Stop reporting: every backend is removed (the Prometheus series stay registered, for a
+    later :func:`enable_prometheus` with the same registry). Not thread-safe."""
     _enabled.clear()
     _observe.uninstall_all()
 
 
 def serve_prometheus(port: int, address: str = "0.0.0.0") -> int:
     """Serve prometheus_client's default registry (or, under ``PROMETHEUS_MULTIPROC_DIR``, every
-    process's values) at ``http://address:port/metrics`` from a daemon thread; returns the port
-    (useful with ``port=0``). What ``nsq-sync tail/drain --metrics-port`` runs.
+    process's values) at ``http://address:port/metrics`` from a daemon thread; return the port.
 
     Raises:
         ImportError: prometheus_client is missing.
@@ -188,11 +170,11 @@ def serve_prometheus(port: int, address: str = "0.0.0.0") -> int:
 
 
 class TraceEnvelope:
-    """The documented trace envelope (``enable_otel(propagation="envelope")``): the published
-    body is ``b"\\x00nsq-trace "``, the carrier as one line of JSON (W3C ``traceparent``, and
+    """The trace envelope of ``enable_otel(propagation="envelope")``: the published body is
+    ``b"\\x00nsq-trace "``, the carrier as one line of JSON (W3C ``traceparent``, and
     ``tracestate``/``baggage`` when set), ``b"\\n"``, then the original body byte for byte.
-    A consumer with the envelope enabled hands its handler the original body; a body that does
-    not start with the marker is left alone. Thread-safe."""
+    A consumer using it hands its handler the original body; a body without the marker is left
+    alone. Thread-safe."""
 
     MARKER = b"\x00nsq-trace "
 

@@ -1,15 +1,9 @@
 """The OpenTelemetry backend of :mod:`nsq_sync.metrics` (opentelemetry-api only).
 
-Spans and metrics follow the messaging semantic conventions: ``messaging.system = "nsq"``, a
-PRODUCER span ``send {topic}`` per publish call, a CONSUMER span ``process {topic}`` per handler
-call (per ``handle_batch`` call for a BatchConsumer, linked to each message's send span), and
-the metrics ``messaging.client.sent.messages``, ``messaging.client.consumed.messages``,
-``messaging.client.operation.duration`` and ``messaging.process.duration``. With the API alone
-(no SDK configured) the providers are no-ops and nothing is recorded.
-
-NSQ messages have no headers: the trace context crosses nsqd only when the application opts in
-with a ``propagation`` (:class:`~nsq_sync.metrics.TraceEnvelope`, or its own object with
-``inject``/``extract``); without one, process spans are roots.
+Spans and metrics follow the messaging semantic conventions (docs/metrics.md lists them): a
+``send {topic}`` span per publish call, a ``process {topic}`` span per handler call (per batch
+for a BatchConsumer, linked to each message's send span). NSQ messages have no headers, so the
+trace context crosses nsqd only with a ``propagation``; without one, process spans are roots.
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ class Propagation(Protocol):
         ...
 
     def extract(self, body: bytes) -> tuple[dict[str, str], bytes]:
-        """(the carrier, or {} when there is none; the body the handler gets)."""
+        """Return the carrier (``{}`` when there is none) and the body the handler gets."""
         ...
 
 
@@ -189,8 +183,7 @@ class _Consumer:
         pass
 
     def _parent(self, message: Any) -> Any:
-        """The context the message's send span travelled in (its body then loses the
-        envelope), or None."""
+        """The context the message's send span travelled in (stripped from its body), or None."""
         propagation = self.b.propagation
         if propagation is None:
             return None

@@ -1,15 +1,10 @@
 """The Prometheus backend of :mod:`nsq_sync.metrics` (prometheus_client).
 
-Every series is a plain Counter, Gauge or Histogram updated where its event happens, never a
-custom collector: prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, gunicorn
-and uWSGI prefork) supports no custom collectors. Each process writes its own values; the gauges
-say how processes combine at scrape time: in flight, RDY and connections add up over the live
-processes (``livesum``: a dead worker's values drop out), the backoff level is the highest
-(``livemax``). Without ``PROMETHEUS_MULTIPROC_DIR`` those modes are ignored.
-
-A gauge is moved by the difference from what this consumer last reported (``inc``, not
-``set``), so two consumers of one topic/channel in one process add up instead of overwriting
-each other.
+- Every series is a plain Counter, Gauge or Histogram updated where its event happens, never a
+  custom collector: multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) supports none. Gauges add
+  up over the live processes (``livesum``), except the backoff level (``livemax``).
+- A gauge moves by the difference from what this consumer last reported (``inc``, never
+  ``set``), so two consumers of one topic/channel in a process add up, not overwrite.
 """
 
 from __future__ import annotations
@@ -46,8 +41,7 @@ _NSQD = ("topic", "channel", "nsqd")
 
 
 class PrometheusBackend:
-    """The nsq_sync series, registered in ``registry`` (prometheus_client's default one when
-    None)."""
+    """The nsq_sync series, registered in ``registry`` (the default one when None)."""
 
     def __init__(self, registry: Any = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram

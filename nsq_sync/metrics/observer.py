@@ -1,23 +1,11 @@
 """The seam between the clients and the metrics/tracing backends of :mod:`nsq_sync.metrics`.
 
-Nothing here imports a backend, and nothing is installed until the application calls
-``nsq_sync.metrics.enable_prometheus()`` or ``enable_otel()``. Until then the clients pay one
-``is None`` check where events already happen in batches:
-
-* a consumer's :class:`~nsq_sync.consumer.connections.ConnectionSet` has an :attr:`observer` (None while off)
-  that it tells about each read's messages, each batch of FINs, each REQ, RDY change, connection
-  and failure count, under its lock (so gauges it sets follow one consumer's order);
-* a consumer's handler (or a BatchConsumer's batch handler) is wrapped once, when metrics are on,
-  by :meth:`ConsumerObserver.wrap_handler` (handler duration, the process span): the worker loop
-  has no metrics code;
-* a Producer reads :data:`publisher` once per publish call (None while off).
-
-Every counter is incremented where its event happens (prometheus_client's multiprocess mode
-supports no custom collectors that read state at scrape time). Backends may be combined
-(Prometheus and OpenTelemetry at once): the observers fan out.
-
-Consumers started before a backend was enabled are attached to it as well: the consumers that
-started register here (weakly) and :func:`install` gives each its new observer.
+Nothing here imports a backend. While none is installed the clients pay one ``is None`` check
+where events already come in batches: a consumer's ConnectionSet tells its ``observer`` under
+its lock (so gauges follow one consumer's order); the handler is wrapped once, by
+:meth:`ConsumerObserver.wrap_handler`, so the worker loop has no metrics code; a Producer reads
+:data:`publisher` once per publish call. Combined backends fan out. Started consumers register
+here (weakly), so that :func:`install` attaches those started before a backend was enabled.
 """
 
 from __future__ import annotations
@@ -64,8 +52,7 @@ class ConsumerObserver(Protocol):
         """The consumer's backoff level is now ``level`` (0: not backing off)."""
 
     def wrap_handler(self, handler: Callable[[Any], Any], batch: bool) -> Callable[[Any], Any]:
-        """``handler`` (a message handler, or with ``batch`` a batch handler), timed and
-        traced."""
+        """``handler`` (a batch handler with ``batch``), timed and traced."""
         ...
 
 
@@ -73,9 +60,8 @@ class PublishObserver(Protocol):
     """A backend's view of every Producer of the process."""
 
     def publish(self, op: str, topic: str, bodies: Sequence[bytes], send: Send) -> None:
-        """Publish through ``send(bodies)`` (which may get other bodies: a trace envelope),
-        recording its duration and outcome; re-raise what ``send`` raises. ``op``: "PUB",
-        "MPUB" or "DPUB"."""
+        """Publish through ``send(bodies)`` (with a trace envelope, other bodies), recording
+        its duration and outcome; re-raise what ``send`` raises. ``op``: "PUB", "MPUB", "DPUB"."""
 
 
 class Backend(Protocol):
@@ -115,7 +101,7 @@ def install(backend: Backend) -> None:
 
 
 def uninstall_all() -> None:
-    """Remove every backend (tests; consumers keep observers they already have until told)."""
+    """Remove every backend: producers and started consumers stop reporting at once."""
     global publisher
     _backends.clear()
     publisher = None

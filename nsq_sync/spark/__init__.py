@@ -1,14 +1,8 @@
 """PySpark data source ``nsq``: DataFrames to NSQ and NSQ to DataFrames, at least once.
 
-    from nsq_sync.spark import NsqDataSource
-    spark.dataSource.register(NsqDataSource)
-    df.write.format("nsq").option("nsqd_tcp_addresses", "127.0.0.1:4150").option("topic", "t").mode("append").save()
-    spark.readStream.format("nsq").option("topic", "t").option("channel", "c")
-        .option("nsqd_tcp_addresses", "127.0.0.1:4150").load()
-
-Needs the ``spark`` extra (``pip install nsq_sync[spark]``: pyspark >= 4.0, pyarrow, pandas);
-``import nsq_sync`` never imports pyspark, only ``import nsq_sync.spark`` does. nsq_sync must be
-installed where the executors' Python runs (and ``PYSPARK_PYTHON`` point at that interpreter).
+Register :class:`NsqDataSource` with ``spark.dataSource.register`` (docs/spark.md has the
+options). Needs the ``spark`` extra; ``import nsq_sync`` never imports pyspark, only
+``import nsq_sync.spark`` does. nsq_sync must be installed where the executors' Python runs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The ``nsq`` DataSource: options and schemas are checked here, while Spark plans the query.
 
-Spark constructs the DataSource (and the writers and readers it returns) in several processes and
-pickles them between processes (see the module docs of ``_sink`` and ``_source``), so nothing here
-opens a socket or starts a thread.
+Spark constructs and pickles the DataSource, its writers and its readers in several processes,
+so nothing here opens a socket or starts a thread.
 """
 
 from __future__ import annotations
@@ -58,21 +57,16 @@ class NsqDataSource(DataSource):
     """Spark data source ``nsq``: a sink (batch and streaming) and a streaming source.
 
     Register it once per SparkSession with ``spark.dataSource.register(NsqDataSource)``.
+    docs/spark.md describes the options and their defaults; any Config option is accepted too.
 
-    Sink (``df.write`` / ``df.writeStream``): columns ``body`` (binary or string) and optionally
-    ``topic`` (string; rows with a null topic go to the ``topic`` option). Options:
-    ``nsqd_tcp_addresses`` (required; ``host:port,...`` in order of preference), ``topic``,
-    ``batch_size`` (messages per MPUB, default 500), and any nsq_sync Config option
-    (``publish_timeout``, default 60 s here; ``max_body_size``/``max_msg_size``, nsqd's
-    defaults 5 MiB / 1 MiB: set them to your nsqd's ``--max-body-size``/``--max-msg-size``).
+    Sink (``df.write`` / ``df.writeStream``): a ``body`` column (binary or string) and optionally
+    ``topic`` (string; a null topic goes to the ``topic`` option). Options:
+    ``nsqd_tcp_addresses`` (required), ``topic``, ``batch_size``.
 
     Source (``spark.readStream``): options ``topic``, ``channel``, ``nsqd_tcp_addresses`` and/or
-    ``lookupd_http_addresses``, ``max_messages_per_batch`` (default 1000; at most half of
-    ``max_in_flight``, which defaults to twice it), ``commit_flush_after`` (seconds an idle
-    stream waits before the empty batch that commits the last one, default 0.5),
-    ``drain_idle_timeout`` (with ``trigger(availableNow=True)``: seconds without a message after
-    which the channel counts as drained, default 2), and any Config option (``msg_timeout``
-    defaults to 60 s, ``max_attempts`` to 0: the source never gives up on a message).
+    ``lookupd_http_addresses``, ``max_messages_per_batch``, ``commit_flush_after``,
+    ``drain_idle_timeout``; with ``parallelism`` (executors read), ``staging_location`` and
+    ``nsqd_http_addresses``, ``partition_timeout``, ``chunk_size``.
 
     Raises (while Spark plans the query, before anything is sent):
         ConfigError: a missing, unknown or invalid option, or a bad column, named.

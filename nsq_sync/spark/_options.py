@@ -1,12 +1,8 @@
-"""Options of the ``nsq`` data source, parsed and validated without pyspark.
+"""Options of the ``nsq`` data source, parsed and validated without pyspark into picklable values.
 
-Spark hands a data source its options as a case-insensitive dict of strings. These functions
-turn them into plain, picklable values and raise :class:`~nsq_sync.errors.ConfigError` naming
-the option (and, for the sink, the column) *before* anything is sent: they run while Spark plans
-the query, so a typo fails the ``save()``/``start()`` call, not a task on an executor.
-
-Any :class:`~nsq_sync.config.Config` option (``tls_v1``, ``snappy``, ``msg_timeout``...) may be
-given too; unknown options raise, so a typo never passes silently.
+They run while Spark plans the query, so a bad or unknown option (any Config option is accepted
+too) raises :class:`~nsq_sync.errors.ConfigError` naming it from ``save()``/``start()``, before
+anything is sent, and not in a task on an executor.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ class SinkOptions:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """What the driver-side consumer needs."""
+    """What the source needs: the driver-side consumer, or the parallel mode (``parallelism``)."""
 
     topic: str
     channel: str

@@ -1,22 +1,17 @@
 """The parallel streaming source: the driver plans batches, the executors read NSQ.
 
-Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` of one reader
-object on the main thread of one long-lived Python process on the driver, and ``read`` on
-unpickled copies in executor Python workers (see ``_partition``). Nothing here opens an NSQ
-connection: the driver only asks nsqd's HTTP ``/stats`` (through lookupd, or the
-``nsqd_http_addresses`` option) how many messages wait for the channel.
+Spark calls ``initialOffset``, ``latestOffset``, ``partitions`` and ``commit`` on the driver, on
+one thread, and ``read`` on unpickled copies in executors (``_partition``). The driver opens no
+NSQ connection: nsqd's HTTP ``/stats`` says how many messages wait for the channel.
 
-Offsets are batch numbers: ``{"batch": b, "rows": r}``, where ``r`` is the most rows batch ``b``
-reads (0 for the empty batch below). ``latestOffset`` makes a new batch only when the channel has
-depth, so an idle topic makes no batches; ``partitions(start, end)`` depends on the offsets
-only, so a batch Spark runs again (a driver restart before its commit) gets the same
-partitions, whose reads replay the staged chunks; it also marks the batch OPEN in the staging
-location (partitions consume only while it is there; the commit deletes it). ``commit(end)`` deletes the staging of every
-batch up to ``end``. Spark commits batch N only while it builds batch N+1, so after a batch with
-rows, when nothing waits, ``latestOffset`` returns one empty batch (``rows`` 0; its read stages
-nothing): Spark commits the last batch and the staging location is left empty.
-
-At least once: see ``_partition`` for when a message is delivered twice.
+- Offsets are ``{"batch": b, "rows": r}``, ``r`` the most rows batch ``b`` reads; an idle
+  channel makes no batches.
+- ``partitions`` depends on the offsets only, so a batch Spark runs again gets the same
+  partitions, whose reads replay the staged chunks. It marks the batch OPEN in the staging
+  location: partitions consume only while OPEN is there.
+- ``commit(end)`` deletes the staging of every batch up to ``end``. Spark commits batch N only
+  while it builds N+1, so after a batch with rows, when nothing waits, ``latestOffset`` returns
+  one empty batch (``rows`` 0) that lets Spark commit the last one.
 """
 
 from __future__ import annotations
@@ -97,8 +92,7 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
 
         Raises:
             ConfigError: the staging location holds batches other than the first (another
-                query's: their messages were FINed and exist only there; use an empty
-                location, or delete them).
+                query's, whose FINed messages exist only there).
         """
         if not self._checked_leftovers:
             self._checked_leftovers = True
@@ -145,9 +139,8 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         return {"batch": batch, "rows": prev_rows}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        """``parallelism`` partitions sharing the batch's rows (one empty partition for the
-        empty batch), a function of ``end``; marks the batch open in the staging location
-        (its partitions consume only while it is, see ``_staging``)."""
+        """``parallelism`` partitions sharing the batch's rows (one for the empty batch), a
+        function of ``end``; marks the batch open in the staging location."""
         batch, rows = int(end["batch"]), int(end["rows"])
         if rows <= 0 or batch <= int(start["batch"]):
             return [InputPartition(NsqPartition(batch, 0, 0))]
@@ -186,9 +179,8 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         return sorted(set(found))
 
     def _stats(self) -> tuple[int, int]:
-        """:meth:`_channel_depth`; with availableNow an nsqd that does not answer is asked
-        again for up to ``_STATS_RETRY`` seconds (it may be restarting), then the query fails:
-        ending it would leave that nsqd's messages unread without a word."""
+        """:meth:`_channel_depth`; with availableNow, an nsqd that does not answer within
+        ``_STATS_RETRY`` seconds fails the query (ending it would leave its messages unread)."""
         deadline = time.monotonic() + _STATS_RETRY
         while True:
             depth, in_flight, failed = self._channel_depth()
@@ -203,9 +195,8 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
             time.sleep(_IN_FLIGHT_POLL)
 
     def _channel_depth(self) -> tuple[int, int, list[str]]:
-        """(messages waiting for the channel, messages in flight on it, nsqds that did not
-        answer), over every nsqd. A missing channel counts its topic's depth (nsqd hands those
-        to the first channel)."""
+        """(messages waiting for the channel, in flight on it, nsqds that did not answer); a
+        missing channel counts its topic's depth (nsqd hands those to the first channel)."""
         opts = self.options
         depth = in_flight = 0
         failed: list[str] = []
@@ -227,8 +218,7 @@ class NsqParallelStreamReader(DataSourceStreamReader, _AvailableNow):  # type: i
         return depth, in_flight, failed
 
     def _wait_for_in_flight(self) -> int:
-        """availableNow: messages are in flight on the channel (a killed task's, which nsqd
-        gives back after ``msg_timeout``): wait for them to return, at most that long."""
+        """availableNow: wait, at most ``msg_timeout``, for messages in flight (a dead task's)."""
         timeout = (self.options.config.msg_timeout or 60.0) + 5.0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,26 +1,19 @@
 """The parallel source's executor side: read one partition of one batch, at least once.
 
-``read_partition`` runs in an executor's Python worker. If the partition's MANIFEST exists (a
-task retry after the rows were produced, a batch re-run after a driver restart, a second action
-on the same micro-batch), it replays the chunks listed there and consumes nothing. Otherwise it
-adopts the chunks a failed attempt staged (their messages were FINed: they exist only there),
-then consumes with a :class:`~nsq_sync.consumer.batch.BatchConsumer` of its own: each batch of up to
-``chunk_size`` messages is written to the staging location as one Arrow IPC chunk, and only
-when the chunk is complete does the batch consumer FIN its messages, on the connections that
-delivered them; each staged chunk goes to Spark at once (the consumer runs on a thread of its
-own). It stops after ``max_rows`` messages, ``drain_idle_timeout`` seconds without one, or
-``partition_timeout``; then it seals the partition, yields the chunks other attempts staged
-meanwhile (speculation), and writes the MANIFEST. Spark keeps a task's rows only if the task
-succeeds, that is after the MANIFEST: a successful attempt's rows are exactly the chunks listed
-there, and a failed attempt's chunks are adopted by the next one. An attempt that stages a
-chunk after another one sealed the partition, or after its batch was committed, requeues it
-and fails (:class:`Superseded`), and one that starts after the commit consumes nothing; see
-``_staging`` for why nothing FINed is ever left out of the MANIFEST.
+- A partition with a MANIFEST (a task retry, a batch re-run, a second action) replays the
+  chunks listed there and consumes nothing.
+- Otherwise an attempt adopts the chunks a failed attempt staged (their messages were FINed:
+  they exist only there), then consumes with a BatchConsumer of its own. Each batch of up to
+  ``chunk_size`` messages is staged as one Arrow IPC chunk before it is FINed, on the
+  connections that delivered it. After ``max_rows`` messages, ``drain_idle_timeout`` or
+  ``partition_timeout``, the attempt seals the partition, yields the chunks other attempts
+  staged meanwhile, and writes the MANIFEST. Spark keeps a task's rows only if it succeeds, so
+  a successful attempt's rows are exactly its MANIFEST's chunks.
+- An attempt that stages a chunk after the partition was sealed or its batch committed requeues
+  it and fails (:class:`Superseded`); ``_staging`` says why nothing FINed is left out.
 
-A message received but not yet staged when the worker dies is not FINed: nsqd delivers it again
-(at once if the consumer could requeue it, after ``msg_timeout`` if the process was killed).
-That is the only source of duplicates, besides a chunk staged just before a crash whose FINs
-never left the process.
+A message received but not staged when the worker dies is not FINed, so nsqd delivers it again;
+a chunk staged just before a crash whose FINs never left the process is delivered twice.
 """
 
 from __future__ import annotations
@@ -53,9 +46,7 @@ YIELD_ROWS = 10_000
 
 @dataclass(frozen=True)
 class NsqPartition:
-    """One partition of one micro-batch: a pure function of the batch's offsets.
-
-    Spark pickles it to the executors (``InputPartition`` only needs to be picklable)."""
+    """One partition of one micro-batch: a pure function of the batch's offsets. Picklable."""
 
     batch: int
     index: int
@@ -63,11 +54,8 @@ class NsqPartition:
 
 
 def messages_to_arrow(messages: list[Message], options: SourceOptions, names: list[str]) -> Any:
-    """Messages as one Arrow RecordBatch with the source's columns.
-
-    Per-message Python work is kept to one attribute read per column: Arrow converts the ids
-    (bytes, validated as UTF-8 by the cast), scales the timestamps and repeats the constant
-    columns (a chunk usually comes from one nsqd)."""
+    """Messages as one Arrow RecordBatch with the source's columns. Per message, Python only
+    reads one attribute per column: Arrow does the conversions."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -140,8 +128,8 @@ def read_partition(
     names: list[str],
     yield_rows: int = YIELD_ROWS,
 ) -> Iterator[Any]:
-    """Yield the partition's rows as Arrow RecordBatches of up to ``yield_rows`` rows (staged
-    chunks joined; see the module docs). Closing it early stops the consuming at once.
+    """Yield the partition's rows as Arrow RecordBatches: staged chunks joined until they
+    reach ``yield_rows`` rows. Closing it early stops the consuming at once.
 
     Raises:
         Superseded: another attempt of the partition completed it first, or the batch is not
@@ -157,10 +145,8 @@ def read_partition(
 
 
 def _joined(batches: Iterator[Any], limit: int) -> Iterator[Any]:
-    """``batches`` joined into batches of ``limit`` rows or more (the last one fewer), in order.
-
-    Spark keeps a task's rows only when the task succeeds, at its end: holding up to ``limit``
-    rows here delays nothing Spark could use."""
+    """``batches`` joined, in order, until each has ``limit`` rows or more (or the schema
+    changes). Spark keeps a task's rows only at its end, so holding them delays nothing."""
     held: list[Any] = []
     count = 0
     for batch in batches:
@@ -278,13 +264,10 @@ def _consume(
     rows: dict[str, int],
     summary: list[Any],
 ) -> Iterator[Any]:
-    """Consume up to ``limit`` messages, staging each chunk before its messages are FINed, and
-    yield each chunk once it is staged. The consumer runs on a thread of its own; closing the
-    generator early (Spark stopped reading) stops it: what it staged is adopted by the next
-    read of the partition, what it did not stage is requeued. A chunk staged after another
-    attempt sealed the partition (or after the batch was committed and its staging deleted)
-    is requeued, not FINed, and the attempt ends in :class:`Superseded` (once that attempt's
-    MANIFEST is there, so Spark sees it succeed first)."""
+    """Consume up to ``limit`` messages on a thread of its own, yielding each chunk once staged
+    (then its messages are FINed). Closing the generator stops it: what was staged is adopted
+    by the next read, the rest requeued. A chunk staged too late (sealed or committed) is
+    requeued and the attempt ends in :class:`Superseded`, after the winner's MANIFEST exists."""
     failed: list[BaseException] = []
     superseded: list[str] = []
     crashed: list[BaseException] = []

@@ -1,20 +1,14 @@
 """The sink: each partition publishes its rows with MPUB and waits for nsqd's acks.
 
-Where each piece runs (Spark 4): ``writer()``/``streamWriter()`` in a driver-side planner
-process; ``write()`` in an executor's Python worker, once per partition (workers are reused
-across tasks); ``commit()`` in another short-lived driver-side process (for streams: once per
-micro-batch, with a fresh writer). So the writer carries only options, the Producer is created
-inside ``write()`` and closed before it returns, and ``commit()`` only adds up the counts.
+Spark 4 runs ``writer()`` in a driver-side planner process, ``write()`` in executors' Python
+workers (reused across tasks) and ``commit()`` in another driver-side process. So the writer
+carries only options, the Producer lives inside one ``write()`` call, and ``commit()`` only adds
+up counts.
 
-Delivery is at least once. ``write()`` returns only after nsqd acknowledged every MPUB, so a
-task that succeeded has delivered all its rows; a publish that fails (nsqd restarting, a
-connection cut) is retried by the Producer with backoff until ``publish_timeout``, and when it
-still fails the task fails with an error naming the nsqd, and Spark retries the whole task.
-Duplicates happen when (1) a connection dies after nsqd committed an MPUB but before its OK
-arrived (the Producer sends the batch again), (2) Spark re-runs a task or a stage that had
-already published (task retry after a later failure in the same task, a lost executor,
-speculative execution: keep ``spark.speculation`` off), (3) a streaming micro-batch is run again
-after a driver failure between its publishing and its entry in the commit log.
+At least once: ``write()`` returns only after nsqd acknowledged every MPUB; a failing publish is
+retried until ``publish_timeout``, then the task fails and Spark retries it. Duplicates come
+from an MPUB whose OK was lost (the Producer sends it again), and from Spark running a task, a
+stage or a micro-batch again (a retry, a lost executor, speculation, a driver failure).
 """
 
 from __future__ import annotations
@@ -61,17 +55,8 @@ _MPUB_COUNT = 4
 
 @dataclass
 class NsqCommitMessage(WriterCommitMessage):
-    """What one partition published; the driver adds them up.
-
-    Attributes:
-        partition_id: Spark's partition id (-1 outside a task).
-        attempt: the task attempt that produced this message.
-        messages: rows published (each acknowledged by nsqd).
-        bytes: body bytes published.
-        mpubs: MPUB commands acknowledged.
-        topics: messages per topic.
-        seconds: time spent in ``write()``.
-    """
+    """What one partition published (acknowledged by nsqd), for the driver to add up;
+    ``partition_id`` is -1 outside a task, ``seconds`` the time spent in ``write()``."""
 
     partition_id: int = -1
     attempt: int = 0
@@ -85,8 +70,8 @@ class NsqCommitMessage(WriterCommitMessage):
 class PartitionPublisher:
     """Cuts rows into MPUB batches per topic and publishes each, waiting for its OK.
 
-    A batch closes at ``batch_size`` messages or when the next body would take the MPUB over
-    ``max_body_size``. Not thread-safe (one per task).
+    A batch closes at ``batch_size`` messages or before the MPUB would exceed ``max_body_size``.
+    Not thread-safe (one per task).
 
     Raises (from :meth:`add` and :meth:`flush`):
         InvalidBody: a null or empty body, or one over ``max_msg_size`` (naming the row).
@@ -158,9 +143,8 @@ class PartitionPublisher:
             self._producer = None
 
     def _publish_until_deadline(self, topic: str, bodies: list[bytes]) -> None:
-        """MPUB, trying again until ``publish_timeout``: the Producer fails at once while every
-        nsqd is backing off after a failed connect (a partition that starts while nsqd
-        restarts), which must not fail the task."""
+        """MPUB, trying again until ``publish_timeout``: a Producer whose nsqds all back off
+        fails at once, and an nsqd restarting must not fail the task."""
         producer = self._producer
         assert producer is not None
         deadline = time.monotonic() + (self.options.config.publish_timeout or 60.0)

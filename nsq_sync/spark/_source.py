@@ -1,29 +1,20 @@
 """The streaming source: one Consumer on the driver; a batch's messages are FINed on commit.
 
-Where each piece runs (Spark 4, ``SimpleDataSourceStreamReader``): Spark serves ``read(start)``
-(through ``latestOffset``) and ``commit(end)`` of one reader object, sequentially, on the main
-thread of one long-lived Python process on the driver; the rows ``read`` returns travel to the
-JVM from there. Other copies of the reader are built and unpickled elsewhere (a planner
-process; executors, which only call ``readBetweenOffsets`` when a batch is replayed after a
-restart). So the Consumer starts lazily on the first ``read`` and is never pickled.
+Spark serves ``read`` and ``commit`` of one reader object sequentially, on the main thread of one
+long-lived driver-side Python process; other copies are unpickled elsewhere (executors only call
+``readBetweenOffsets``, on a replay). So the Consumer starts lazily on the first ``read`` and is
+never pickled. It cannot live on executors: a message can only be FINed over the connection
+that delivered it, and Spark commits on the driver, after a task's connection is gone.
 
-Why the consumer cannot live on executors: a message can only be FINed over the connection that
-delivered it, and Spark calls ``commit`` on the driver once the batch's output is durable;
-a task's connection is long gone by then.
+The handler keeps every message (``enable_async``) in a buffer; ``read`` takes up to
+``max_messages_per_batch`` of them as rows under the offset ``{"seq": start + 1}``, pending;
+``commit(end)`` FINs every pending batch up to ``end``. Spark commits batch N only while it
+builds N+1, so with messages pending and none arriving for ``commit_flush_after`` seconds,
+``read`` returns an empty batch. A TOUCH task keeps held messages from timing out at nsqd.
 
-The cycle: the Consumer's handler keeps every message (``enable_async``) in a buffer; ``read``
-takes up to ``max_messages_per_batch`` of them, returns them as rows with the offset
-``{"seq": start + 1}`` and keeps them as pending under that offset; ``commit(end)`` FINs every
-pending batch up to ``end``. Spark calls ``commit(end of batch N)`` only while it constructs batch
-N+1, so when messages are pending and no new one arrives within ``commit_flush_after`` seconds,
-``read`` returns the next offset with no rows (the zero-row tick): Spark runs that empty batch
-and commits batch N. A TOUCH task keeps held messages from timing out at nsqd while they wait.
-
-When the query stops (Spark sends the process SIGTERM, twice) or the process exits, everything
-held is requeued at once (REQ 0) and the consumer closes. A replayed batch
-(``readBetweenOffsets``) is empty: its messages were never FINed, so nsqd redelivers them.
-At least once: a batch whose output was written but whose commit did not reach this process
-(the query stopped or the driver died in between) is delivered again.
+When the query stops or the process exits, everything held is requeued at once. A replayed
+batch is empty: its messages were never FINed, so nsqd redelivers them. At least once: a batch
+whose output was written but whose commit never arrived is delivered again.
 """
 
 from __future__ import annotations

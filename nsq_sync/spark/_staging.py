@@ -7,18 +7,14 @@ Layout under the staging location (one per query)::
     <location>/batch-<b>/part-<i>/SEALED                              no more consuming here
     <location>/batch-<b>/part-<i>/MANIFEST                            the partition, complete
 
-A chunk is written under a ``.tmp`` name and renamed, so a chunk file with its final name is
-complete (on object stores the rename is a copy: the final object appears whole, in one PUT).
-The messages in a chunk are FINed only after it is complete, and only if the partition is not
-sealed yet. A chunk without a MANIFEST beside it belongs to an attempt that failed after staging
-it, or to one still running (speculation): the attempt that completes the partition first writes
-SEALED, then lists every complete chunk, then writes the MANIFEST (JSON, written the same way)
-naming them; once it exists every later read of the partition replays exactly those chunks.
-The driver writes OPEN when it plans the batch, and committing the batch deletes its folder,
-OPEN with it. An attempt consumes only if OPEN is there, and FINs a chunk only while OPEN is
-there and SEALED is not: an attempt that starts or runs on after the commit (a losing
-speculative attempt Spark has not stopped yet) FINs nothing, also on an object store, where its
-writes would succeed after the deletion, and deletes again what it wrote after the commit.
+- Chunks, SEALED and the MANIFEST are written under a ``.tmp`` name and renamed: a file with
+  its final name is complete.
+- A chunk's messages are FINed only once it is complete, and only while OPEN is there and
+  SEALED is not (:meth:`PartitionStage.may_fin`).
+- The attempt that completes a partition writes SEALED, then lists the complete chunks, then
+  writes the MANIFEST naming them; every later read replays exactly those.
+- The driver writes OPEN when it plans a batch; the commit deletes OPEN first, then the folder.
+  An attempt that runs on after the commit FINs nothing and deletes again what it wrote.
 
 Nothing here imports pyspark; pyarrow is imported inside the functions.
 """

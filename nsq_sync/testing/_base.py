@@ -1,20 +1,9 @@
 """The base of the server processes: launch, readiness, logs, stop and restart.
 
-The helpers here are what this project's integration tests (and its users' tests) run against: a
-real server, never a fake one. A few choices explain most of the code:
-
-- Ports are chosen by the kernel (``127.0.0.1:0``) so that parallel test runs and leftover
-  servers never collide. The ports actually bound are read back from the server's own log lines
-  (``TCP: listening on 127.0.0.1:NNNN``), which nsqd and nsqlookupd v1.3.0 print at INFO level.
-- Output goes to a log file, not a pipe: nobody reads a pipe while a test runs, and a full pipe
-  buffer would block the server mid-test. The file also survives for post-mortems.
-- Readiness is ``GET /ping`` answering ``OK``, polled against a deadline; every wait in this module
-  is bounded and failures carry the tail of the server's log.
-- ``restart()`` reuses the same ports and data directory, so clients can test reconnects and
-  nsqd's on-disk persistence.
-
-Only the standard library and ``requests`` are used, and nothing else from ``nsq_sync``, so the
-harness keeps working while the library under test is broken.
+Ports are the kernel's choice (``127.0.0.1:0``), read back from the server's INFO log lines, so
+parallel runs never collide. Output goes to a log file, never a pipe (a full pipe nobody reads
+would block the server). Every wait is bounded. Only the standard library and ``requests`` are
+used, nothing else from ``nsq_sync``, so the harness works while the library under test is broken.
 """
 
 from __future__ import annotations
@@ -56,10 +45,7 @@ _KILL_WAIT = 10.0  # a SIGKILLed process is reaped well within this
 
 
 class NsqProcessError(RuntimeError):
-    """A server process failed to start, to become ready, or to stop.
-
-    The message includes the tail of the server's log when there is one.
-    """
+    """A server process failed to start, to become ready, or to stop (with its log's tail)."""
 
 
 # Every process object ever started, with the serial of its latest start, so that the pytest
@@ -88,30 +74,22 @@ def _register_stop(proc: NsqProcess) -> None:
 
 
 def current_start_serial() -> int:
-    """A number smaller than the start serial of every process started after this call; pass it
-    to :func:`processes_started_after`. Thread-safe; never raises.
-    """
+    """A serial below every later start's, for :func:`processes_started_after`. Thread-safe."""
     with _registry_lock:
         # itertools.count cannot be peeked; consuming one value keeps the ordering intact.
         return next(_start_counter)
 
 
 def processes_started_after(serial: int) -> list[NsqProcess]:
-    """The process objects (still referenced somewhere) whose latest start came after
-    :func:`current_start_serial` returned ``serial``, in the order they started. Thread-safe;
-    never raises.
-    """
+    """The live process objects whose latest start came after ``serial``, in order. Thread-safe."""
     with _registry_lock:
         started = [(n, proc) for proc, n in _start_serials.items() if n > serial]
     return [proc for _, proc in sorted(started, key=lambda item: item[0])]
 
 
 def stop_all_running(timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-    """Stop every server started through this module that is still running.
-
-    Args:
-        timeout: Seconds each process gets after SIGTERM before it is killed.
-    """
+    """Stop every server started through this module that still runs, each with ``timeout``
+    seconds between SIGTERM and SIGKILL; one that won't stop is skipped."""
     with _registry_lock:
         procs = list(_running)
     for proc in procs:
@@ -132,19 +110,15 @@ def _port_of(address: str) -> int:
 class NsqProcess:
     """Base class for a server process that listens on TCP and HTTP loopback ports.
 
-    Subclasses provide the executable name and its command-line flags. Instances are not
-    thread-safe: start, stop and restart a process from one thread at a time. The address
-    properties (``tcp_address``, ``http_address``, ``http_url``, ``tcp_port``, ``http_port``)
-    raise :class:`NsqProcessError` until the first :meth:`start`; they keep their value after a
-    stop, for restarts.
+    Not thread-safe. The address properties raise :class:`NsqProcessError` until the first
+    :meth:`start`, and keep their value after a stop.
 
     Args:
-        extra_args: Further command-line flags, appended last so that they override the
-            defaults (Go's flag package keeps the last value). Don't raise ``--log-level`` above
-            ``info``: the listening ports are read from INFO log lines.
+        extra_args: Further flags, appended last so that they override the defaults. Keep
+            ``--log-level`` at ``info`` or below: the ports are read from INFO log lines.
         binary: Path of the executable; found with :func:`find_nsq_binary` when omitted.
-        work_dir: Folder for the log file (and, for nsqd, the default data path). A temporary
-            folder is created when omitted, and removed by :meth:`close`.
+        work_dir: Folder for the log file (and nsqd's default data path); when omitted, a
+            temporary folder that :meth:`close` removes.
     """
 
     #: Executable name, also used in log file names and messages.
@@ -189,10 +163,10 @@ class NsqProcess:
 
     @property
     def binary(self) -> str:
-        """Path of the executable (looked up on first use).
+        """Path of the executable, looked up on first use.
 
         Raises:
-            NsqBinaryNotFound: No executable was given and none can be found.
+            NsqBinaryNotFound: None was given and none can be found.
         """
         if self._binary is None:
             self._binary = find_nsq_binary(self.name)
@@ -271,11 +245,7 @@ class NsqProcess:
             return self._final_log or ""
 
     def log_tail(self, lines: int = 100) -> str:
-        """Return the last ``lines`` lines of the log.
-
-        Args:
-            lines: How many lines to return at most.
-        """
+        """Return the last ``lines`` lines of the log."""
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _read_log_from(self, offset: int) -> str:
@@ -293,35 +263,20 @@ class NsqProcess:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> Self:
-        """Launch the server on free loopback ports and wait until ``/ping`` answers ``OK``.
-
-        Args:
-            timeout: Seconds to wait for the server to become ready.
-
-        Returns:
-            This object, for chaining.
+        """Launch the server on free loopback ports; return ``self`` once ``/ping`` answers ``OK``.
 
         Raises:
             NsqBinaryNotFound: The executable cannot be found.
-            NsqProcessError: The process is already running, exited early, or did not become
-                ready in time (it is killed then).
+            NsqProcessError: It is running or closed, exited early, or wasn't ready in ``timeout``.
         """
         self._launch_and_wait({"TCP": 0, "HTTP": 0, "HTTPS": 0}, timeout, retry_in_use=False)
         return self
 
     def restart(self, timeout: float = DEFAULT_START_TIMEOUT) -> Self:
-        """Stop the server (gracefully) and start it again on the same ports and data.
-
-        A port that is briefly still in use is retried until ``timeout``.
-
-        Args:
-            timeout: Seconds to wait for the server to stop and to become ready again.
-
-        Returns:
-            This object, for chaining.
+        """Stop the server gracefully and start it again on the same ports and data; return self.
 
         Raises:
-            NsqProcessError: The process was never started, or did not come back in time.
+            NsqProcessError: It was never started, or did not come back within ``timeout``.
         """
         if not self._addresses:
             raise NsqProcessError(f"{self.name}: restart() before start()")
@@ -419,13 +374,7 @@ class NsqProcess:
         return response.status_code == 200 and response.text.strip() == "OK"
 
     def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
-        """Stop the server gracefully: SIGTERM, then SIGKILL after ``timeout``. Idempotent.
-
-        nsqd writes in-memory messages to its data path on SIGTERM, so a later :meth:`restart`
-        finds them again.
-
-        Args:
-            timeout: Seconds to wait after SIGTERM.
+        """Stop the server: SIGTERM, then SIGKILL after ``timeout`` seconds. Idempotent.
 
         Raises:
             NsqProcessError: The process did not die even after SIGKILL.
@@ -466,9 +415,10 @@ class NsqProcess:
         _register_stop(self)
 
     def close(self) -> None:
-        """Stop the server and remove the temporary work folder if this object created it.
+        """Stop the server and remove a work folder it made (:meth:`log_text` still works).
 
-        The log text is kept in memory so that :meth:`log_text` still works. Idempotent.
+        Raises:
+            NsqProcessError: As :meth:`stop`.
         """
         try:
             self.stop()

@@ -11,25 +11,14 @@ _LOCAL_BIN = Path(".nsq") / "bin"
 
 
 class NsqBinaryNotFound(FileNotFoundError):
-    """An ``nsqd`` or ``nsqlookupd`` executable could not be found.
-
-    Run ``scripts/build-nsq`` (it builds v1.3.0 into ``.nsq/bin``) or set ``NSQ_BIN`` to a folder
-    that holds both executables.
-    """
+    """An NSQ executable could not be found: run ``scripts/build-nsq`` or set ``NSQ_BIN``."""
 
 
 def find_nsq_binary(name: str) -> str:
-    """Locate an NSQ executable such as ``nsqd`` or ``nsqlookupd``.
+    """Return the absolute path of the NSQ executable ``name``, e.g. ``"nsqd"``.
 
-    Looks, in order, in the folder named by the ``NSQ_BIN`` environment variable, in the nearest
-    ``.nsq/bin`` folder above the current directory (where ``scripts/build-nsq`` puts them), in the
-    nearest ``.nsq/bin`` above this package (an editable install), and on ``PATH``.
-
-    Args:
-        name: Executable name, e.g. ``"nsqd"``.
-
-    Returns:
-        The absolute path of an executable file.
+    Looks in the ``NSQ_BIN`` folder, the nearest ``.nsq/bin`` above the current directory (where
+    ``scripts/build-nsq`` puts them), the nearest one above this package, then on ``PATH``.
 
     Raises:
         NsqBinaryNotFound: None of the places holds an executable of that name.

@@ -1,23 +1,10 @@
-"""Run a script against a throwaway nsqlookupd and nsqd.
+"""Run a script against a throwaway nsqlookupd and nsqd on loopback ports.
 
-Usage::
-
-    python -m nsq_sync.testing.demo examples/quickstart.py [script args...]
-
-Starts an nsqlookupd and an nsqd registered with it, both on free loopback ports, runs the script
-with the same Python interpreter and these environment variables set, then stops the servers:
-
-- ``NSQD_TCP_ADDRESS``: nsqd's TCP address, ``127.0.0.1:port``
-- ``NSQD_HTTP_ADDRESS``: nsqd's HTTP address, ``127.0.0.1:port``
-- ``NSQLOOKUPD_HTTP_ADDRESS``: nsqlookupd's HTTP address, ``127.0.0.1:port``
-- ``NSQLOOKUPD_TCP_ADDRESS``: nsqlookupd's TCP address, ``127.0.0.1:port``
-
-On success the runner adds one line (the total time) to what the script printed; when the script
-fails, it prints the servers' addresses and the end of both servers' logs.
-
-The exit status is the script's (128 + N when a signal N ended it, 124 when it outlives
-``--timeout``, 130 on Ctrl-C). SIGTERM sent to the runner is passed on to the script, and the
-servers are stopped in every case.
+``python -m nsq_sync.testing.demo SCRIPT [ARGS...]`` sets ``NSQD_TCP_ADDRESS``,
+``NSQD_HTTP_ADDRESS``, ``NSQLOOKUPD_TCP_ADDRESS`` and ``NSQLOOKUPD_HTTP_ADDRESS`` for the script
+and prints both servers' log tails if it fails; the servers are always stopped. The exit status
+is the script's (128 + N for signal N, 124 past ``--timeout``, 130 on Ctrl-C); SIGTERM is
+passed on to it.
 """
 
 from __future__ import annotations
@@ -65,14 +52,7 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Start the servers, run the script, stop the servers.
-
-    Args:
-        argv: Command-line arguments (without the program name); ``sys.argv[1:]`` when omitted.
-
-    Returns:
-        The script's exit status, 124 on timeout, 130 on Ctrl-C, or 2 when the servers can't run.
-    """
+    """Run the script against fresh servers; return its exit status, or 2 if they can't run."""
     parser = _parser()
     options = parser.parse_args(argv)
     if not os.path.isfile(options.script):

@@ -1,9 +1,6 @@
 """Run real ``nsqd`` and ``nsqlookupd`` processes on free loopback ports.
 
-:class:`NsqdProcess`, :class:`NsqlookupdProcess` and :class:`Cluster` live here; their common
-base (launching, readiness, logs, stopping) is :class:`NsqProcess`, and :func:`find_nsq_binary`
-finds the executables. Only the standard library and ``requests`` are used, and nothing else
-from ``nsq_sync``, so the harness keeps working while the library under test is broken.
+Like ``_base``, it imports nothing from ``nsq_sync`` outside this package.
 """
 
 from __future__ import annotations
@@ -51,12 +48,7 @@ _node_ids = itertools.count(random.randrange(1024))
 
 
 def close_all(processes: Iterable[NsqProcess]) -> None:
-    """Close every process, even when closing one of them fails.
-
-    Raises:
-        NsqProcessError: Some process could not be stopped (the first such error; the others
-            are still closed).
-    """
+    """Close every process, then raise the first :class:`NsqProcessError` if one failed."""
     errors: list[NsqProcessError] = []
     for proc in processes:
         try:
@@ -74,24 +66,16 @@ def _has_flag(args: Iterable[str], flag: str) -> bool:
 class NsqdProcess(NsqProcess):
     """A real ``nsqd`` on loopback ports, with its own data path.
 
-    It is started with ``--tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0
-    --broadcast-address=127.0.0.1 --data-path=<data_path> --node-id=<n>`` plus one
-    ``--lookupd-tcp-address`` per lookupd. The node id differs for every instance made in this
-    Python process (up to 1024), so that message IDs from different nsqds don't collide. When ``extra_args`` turn TLS on and don't name ``--https-address``, the HTTPS
-    listener is put on a free loopback port too (nsqd's default is ``0.0.0.0:4152``).
+    Each instance in this Python process gets its own ``--node-id`` (up to 1024), so that
+    message IDs from different nsqds don't collide. When ``extra_args`` turn TLS on without
+    ``--https-address``, HTTPS gets a free loopback port too (nsqd's default is ``0.0.0.0:4152``).
 
     Args:
-        lookupd_tcp_addresses: ``host:port`` TCP addresses of nsqlookupd instances (or
-            :class:`NsqlookupdProcess` objects) to register with.
-        extra_args: Further nsqd flags, e.g. ``["--max-rdy-count=100"]``.
+        lookupd_tcp_addresses: nsqlookupds to register with, as ``host:port`` TCP addresses or
+            :class:`NsqlookupdProcess` objects.
         data_path: Where nsqd keeps its queues; ``<work_dir>/data`` when omitted.
-        binary: Path of ``nsqd``; found with :func:`find_nsq_binary` when omitted.
-        work_dir: See :class:`NsqProcess`.
 
-    Example::
-
-        with NsqdProcess() as nsqd:
-            requests.post(f"{nsqd.http_url}/pub?topic=t", data=b"hello")
+    The other arguments are those of :class:`NsqProcess`.
     """
 
     name: ClassVar[str] = "nsqd"
@@ -154,16 +138,7 @@ class NsqdProcess(NsqProcess):
 
 
 class NsqlookupdProcess(NsqProcess):
-    """A real ``nsqlookupd`` on loopback ports.
-
-    It is started with ``--tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0
-    --broadcast-address=127.0.0.1``.
-
-    Args:
-        extra_args: Further nsqlookupd flags, e.g. ``["--inactive-producer-timeout=5s"]``.
-        binary: Path of ``nsqlookupd``; found with :func:`find_nsq_binary` when omitted.
-        work_dir: See :class:`NsqProcess`.
-    """
+    """A real ``nsqlookupd`` on loopback ports; it takes the arguments of :class:`NsqProcess`."""
 
     name: ClassVar[str] = "nsqlookupd"
 
@@ -179,11 +154,8 @@ class NsqlookupdProcess(NsqProcess):
     def nodes(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Return the ``producers`` list of ``GET /nodes`` (the registered nsqds).
 
-        Args:
-            timeout: HTTP timeout in seconds.
-
         Raises:
-            requests.RequestException: The request failed.
+            requests.RequestException: The request failed or took over ``timeout`` seconds.
         """
         with requests.Session() as http:
             http.trust_env = False
@@ -197,14 +169,10 @@ class NsqlookupdProcess(NsqProcess):
     def wait_for_nodes(
         self, nsqds: Iterable[NsqdProcess | str], timeout: float = DEFAULT_START_TIMEOUT
     ) -> None:
-        """Wait until every given nsqd is listed by ``GET /nodes``.
-
-        Args:
-            nsqds: nsqd processes, or their ``host:port`` TCP addresses.
-            timeout: Seconds to wait.
+        """Wait until ``GET /nodes`` lists every given nsqd (a process or its TCP address).
 
         Raises:
-            NsqProcessError: Some nsqd did not show up in time.
+            NsqProcessError: Some nsqd was not listed within ``timeout`` seconds.
         """
         wanted = {n if isinstance(n, str) else n.tcp_address for n in nsqds}
         deadline = time.monotonic() + timeout
@@ -234,12 +202,7 @@ class NsqlookupdProcess(NsqProcess):
 
 @dataclass(frozen=True)
 class Cluster:
-    """One nsqlookupd and the nsqds registered with it.
-
-    Attributes:
-        lookupd: The nsqlookupd.
-        nsqds: The nsqds, in start order.
-    """
+    """One nsqlookupd (``lookupd``) and the nsqds registered with it (``nsqds``, start order)."""
 
     lookupd: NsqlookupdProcess
     nsqds: tuple[NsqdProcess, ...]

@@ -1,28 +1,13 @@
 """pytest plugin: real nsqd/nsqlookupd fixtures, and server logs in failure reports.
 
-Installed nsq_sync registers this module under the ``pytest11`` entry point, so the fixtures are
-available in any project that has nsq_sync installed; without installing, load it with
-``pytest -p nsq_sync.testing.pytest_plugin`` (and switch it off with ``-p no:nsq_sync``). Since
-it is loaded into other projects, every name it registers starts with ``nsq`` (no generic
-``topic``), and it registers no markers.
+Registered under the ``pytest11`` entry point (else ``-p nsq_sync.testing.pytest_plugin``; off:
+``-p no:nsq_sync``). It is loaded into other projects, so every name it registers starts with
+``nsq``, and it registers no markers.
 
-Fixtures:
-
-- ``nsq_bin`` (session): paths of the ``nsqd`` and ``nsqlookupd`` executables. When they can't be
-  found, the tests that need them are skipped locally and fail in CI (``CI=true`` or ``CI=1``),
-  so a CI run can't go green by skipping every integration test.
-- ``nsqlookupd`` (session): one shared :class:`~nsq_sync.testing.NsqlookupdProcess`.
-- ``nsqd`` (session): one shared :class:`~nsq_sync.testing.NsqdProcess` registered with
-  ``nsqlookupd``. Tests share it, so give each test its own topic (the ``nsq_topic`` fixture) and
-  don't stop it; use ``nsqd_factory`` for a server a test may stop, kill or reconfigure.
-- ``nsqd_factory`` (function): ``nsqd_factory(*extra_args, lookupd=None)`` starts a fresh nsqd
-  that is stopped when the test ends.
-- ``nsq_cluster`` (function): ``nsq_cluster(n=2)`` starts a fresh nsqlookupd and ``n`` nsqds
-  registered with it (waiting until ``/nodes`` lists them all), stopped when the test ends.
-- ``nsq_topic`` (function): a unique valid topic name, ``t_<test name>_<8 hex digits>``.
-
-When a test fails, the last 100 log lines of every server it started or used are added to its
-report. Servers still running at the end of the session are stopped.
+Fixtures: ``nsq_bin`` (the executables; without them a test is skipped, but fails in CI), the
+session's shared ``nsqlookupd`` and ``nsqd`` (don't stop them; take a topic of the test's own
+from ``nsq_topic``), and ``nsqd_factory`` and ``nsq_cluster``, which start fresh servers stopped
+when the test ends. A failed test's report gets the last 100 log lines of every server it used.
 """
 
 from __future__ import annotations
@@ -72,12 +57,7 @@ _START_SERIAL = pytest.StashKey[int]()
 
 @dataclass(frozen=True)
 class NsqBinaries:
-    """Paths of the NSQ executables the fixtures use.
-
-    Attributes:
-        nsqd: Path of ``nsqd``.
-        nsqlookupd: Path of ``nsqlookupd``.
-    """
+    """Paths of the NSQ executables the fixtures use (``nsqd`` and ``nsqlookupd``)."""
 
     nsqd: str
     nsqlookupd: str
@@ -89,12 +69,8 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def nsq_bin() -> NsqBinaries:
-    """The paths of the ``nsqd`` and ``nsqlookupd`` executables (session-scoped).
-
-    Found with :func:`~nsq_sync.testing.find_nsq_binary` (``NSQ_BIN``, ``.nsq/bin``, ``PATH``).
-    When they are missing, every test that needs them is skipped, except in CI (``CI=true`` or
-    ``CI=1``), where it fails: a CI run can't go green by skipping its integration tests.
-    """
+    """Paths of ``nsqd`` and ``nsqlookupd``. Without them the test is skipped, except in CI
+    (``CI=true`` or ``CI=1``), where it fails: CI can't go green by skipping."""
     try:
         return NsqBinaries(nsqd=find_nsq_binary("nsqd"), nsqlookupd=find_nsq_binary("nsqlookupd"))
     except NsqBinaryNotFound as exc:
@@ -107,11 +83,7 @@ def nsq_bin() -> NsqBinaries:
 def nsqlookupd(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NsqlookupdProcess]:
-    """One :class:`~nsq_sync.testing.NsqlookupdProcess` shared by the whole session.
-
-    The shared ``nsqd`` is registered with it. Don't stop it; a test that needs a lookupd of its
-    own takes one from ``nsq_cluster``.
-    """
+    """One nsqlookupd for the whole session; don't stop it (``nsq_cluster`` makes fresh ones)."""
     proc = NsqlookupdProcess(
         binary=nsq_bin.nsqlookupd, work_dir=tmp_path_factory.mktemp("nsqlookupd")
     )
@@ -128,12 +100,8 @@ def nsqd(
     nsqlookupd: NsqlookupdProcess,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[NsqdProcess]:
-    """One :class:`~nsq_sync.testing.NsqdProcess` shared by the whole session.
-
-    It is registered with the shared ``nsqlookupd`` (this waits until the lookupd lists it).
-    Tests share it: give each test a topic of its own (``nsq_topic``), and don't stop, restart
-    or reconfigure it; take a server of the test's own from ``nsqd_factory`` for that.
-    """
+    """One nsqd for the whole session, registered with ``nsqlookupd``; don't stop or reconfigure
+    it (``nsqd_factory`` makes fresh ones), and give each test a topic of its own."""
     proc = NsqdProcess(
         lookupd_tcp_addresses=[nsqlookupd.tcp_address],
         binary=nsq_bin.nsqd,
@@ -157,11 +125,7 @@ class _Factory:
         self.processes: list[NsqProcess] = []
 
     def close(self) -> None:
-        """Stop every process this factory started, latest first.
-
-        Raises:
-            NsqProcessError: Some process could not be stopped (the others still are).
-        """
+        """Stop every process this factory started, latest first (raises as :func:`close_all`)."""
         close_all(reversed(self.processes))
 
     def __enter__(self) -> Self:
@@ -172,30 +136,20 @@ class _Factory:
 
 
 class NsqdFactory(_Factory):
-    """Starts fresh nsqds for one test; the ``nsqd_factory`` fixture returns one.
-
-    Every nsqd it started is stopped when the test ends. Not thread-safe.
-
-    Args:
-        binaries: The executables to run.
-        tmp_path_factory: Where each nsqd gets its work folder (kept by pytest for post-mortems).
-    """
+    """Starts fresh nsqds for one test (``nsqd_factory``), stopped at its end. Not thread-safe."""
 
     def __call__(
         self, *extra_args: str, lookupd: NsqlookupdProcess | str | None = None
     ) -> NsqdProcess:
-        """Start an nsqd and wait until it answers ``/ping``.
+        """Start an nsqd and return it once it answers ``/ping``.
 
         Args:
             *extra_args: Further nsqd flags, e.g. ``"--max-rdy-count=10"``.
             lookupd: An nsqlookupd (or its ``host:port`` TCP address) to register with. For a
                 process, this also waits until its ``/nodes`` lists the new nsqd.
 
-        Returns:
-            The running nsqd.
-
         Raises:
-            NsqProcessError: It did not start.
+            NsqProcessError: It did not start (or register in time).
         """
         proc = NsqdProcess(
             lookupd_tcp_addresses=[] if lookupd is None else [lookupd],
@@ -211,14 +165,7 @@ class NsqdFactory(_Factory):
 
 
 class ClusterFactory(_Factory):
-    """Starts fresh clusters for one test; the ``nsq_cluster`` fixture returns one.
-
-    Every process it started is stopped when the test ends. Not thread-safe.
-
-    Args:
-        binaries: The executables to run.
-        tmp_path_factory: Where each process gets its work folder.
-    """
+    """Starts fresh clusters for a test (``nsq_cluster``), stopped at its end. Not thread-safe."""
 
     def __call__(
         self,
@@ -227,19 +174,12 @@ class ClusterFactory(_Factory):
         nsqd_args: Iterable[str] = (),
         lookupd_args: Iterable[str] = (),
     ) -> Cluster:
-        """Start an nsqlookupd and ``n`` nsqds registered with it.
-
-        Args:
-            n: How many nsqds.
-            nsqd_args: Extra flags for every nsqd.
-            lookupd_args: Extra flags for the nsqlookupd.
-
-        Returns:
-            The cluster, once the lookupd's ``/nodes`` lists every nsqd.
+        """Start an nsqlookupd and ``n`` nsqds, each with its extra flags (``lookupd_args``,
+        ``nsqd_args``); return once the lookupd's ``/nodes`` lists every nsqd.
 
         Raises:
             ValueError: ``n`` is negative.
-            NsqProcessError: Some process did not start.
+            NsqProcessError: Some process did not start (or register in time).
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -269,12 +209,7 @@ class ClusterFactory(_Factory):
 def nsqd_factory(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NsqdFactory]:
-    """Start fresh nsqds for this test: ``nsqd_factory(*extra_args, lookupd=None) -> NsqdProcess``.
-
-    ``extra_args`` are nsqd flags (``"--msg-timeout=1s"``); ``lookupd`` an nsqlookupd (or its
-    TCP address) to register with. Each nsqd has its own ports and data path, waits until it
-    answers ``/ping``, and is stopped when the test ends. See :class:`NsqdFactory`.
-    """
+    """Fresh nsqds, stopped when the test ends: ``nsqd_factory(*extra_args, lookupd=None)``."""
     with NsqdFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
 
@@ -283,23 +218,14 @@ def nsqd_factory(
 def nsq_cluster(
     nsq_bin: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterFactory]:
-    """Start a fresh nsqlookupd and nsqds for this test: ``nsq_cluster(n=2) -> Cluster``.
-
-    Also takes ``nsqd_args=`` and ``lookupd_args=`` (flags). Returns once the lookupd's
-    ``/nodes`` lists every nsqd; everything is stopped when the test ends. See
-    :class:`ClusterFactory`.
-    """
+    """Fresh clusters, stopped when the test ends: ``nsq_cluster(n=2) -> Cluster``."""
     with ClusterFactory(nsq_bin, tmp_path_factory) as factory:
         yield factory
 
 
 @pytest.fixture
 def nsq_topic(request: pytest.FixtureRequest) -> str:
-    """A topic name of this test's own: ``t_<test name>_<8 hex digits>``.
-
-    Valid for nsqd (at most 64 characters of ``[.a-zA-Z0-9_-]``) and different on every call, so
-    tests that share the session's ``nsqd`` never see each other's messages.
-    """
+    """A valid topic name of this test's own, new on every call: ``t_<test name>_<8 hex>``."""
     suffix = uuid.uuid4().hex[:8]
     room = _TOPIC_MAX - len("t_") - len("_") - len(suffix)
     name = _INVALID_NAME_CHARS.sub("_", request.node.name)[:room]

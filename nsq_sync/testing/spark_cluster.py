@@ -1,19 +1,8 @@
 """A real Spark standalone cluster (a master, one worker or more) on loopback, for tests, demos.
 
-pip's pyspark ships ``bin/spark-class``, which runs the master and the worker daemons; this
-module starts them on 127.0.0.1 with free ports, waits until the master reports them ALIVE, and
-stops them (and the executors they started) again. Each daemon runs in its own process group and
-is killed when the process that started it dies (Linux ``PR_SET_PDEATHSIG``), so a killed test
-run leaves no JVM behind.
-
-Needs pyspark (``pip install nsq_sync[spark]``) and a Java 17+ ``java`` on PATH (or
-``JAVA_HOME``). Nothing is imported or started at import time.
-
-    with SparkStandaloneCluster(work_dir) as cluster:
-        spark = SparkSession.builder.master(cluster.master_url).getOrCreate()
-
-Command line: ``python -m nsq_sync.testing.spark_cluster [--work-dir DIR]`` starts a cluster,
-prints its URL and runs until SIGINT/SIGTERM (``scripts/spark-cluster``).
+Each daemon has its own process group and dies with the process that started it (Linux
+``PR_SET_PDEATHSIG``), so a killed test run leaves no JVM behind. Needs pyspark and Java 17+;
+nothing is imported or started at import time.
 """
 
 from __future__ import annotations
@@ -44,11 +33,7 @@ class SparkClusterError(RuntimeError):
 
 
 def spark_home() -> Path:
-    """The pyspark installation (holds ``bin/spark-class`` and the jars).
-
-    Raises:
-        SparkClusterError: pyspark is not installed.
-    """
+    """The pyspark installation folder; raises :class:`SparkClusterError` without pyspark."""
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
         raise SparkClusterError("pyspark is not installed: pip install nsq_sync[spark]")
@@ -56,11 +41,7 @@ def spark_home() -> Path:
 
 
 def find_java() -> str:
-    """Path of ``java`` (``$JAVA_HOME/bin/java`` first).
-
-    Raises:
-        SparkClusterError: no java (on Debian: apt-get install openjdk-17-jre-headless).
-    """
+    """Path of ``java`` (``$JAVA_HOME``'s first); raises :class:`SparkClusterError` if none."""
     home = os.environ.get("JAVA_HOME")
     if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
         return os.path.join(home, "bin", "java")
@@ -89,18 +70,14 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 class SparkStandaloneCluster:
-    """One Spark master and one worker (or one per ``worker_hosts`` name) on loopback. Not
-    thread-safe; a context manager.
+    """A Spark master and one worker per ``worker_hosts`` name, on loopback. Not thread-safe.
 
     Args:
-        work_dir: Logs and the worker's ``--work-dir`` go here.
-        cores: Cores the worker offers (applications take them with ``spark.cores.max``).
-        memory: Memory the worker offers to executors, e.g. ``"2g"``.
+        work_dir: Logs and the workers' ``--work-dir`` go here.
+        cores: Cores each worker offers; ``memory`` likewise, e.g. ``"2g"``.
         python: Interpreter for the Python workers (must have nsq_sync and pyarrow).
-        worker_hosts: One worker per name, each offering ``cores`` and ``memory``, known to
-            Spark by that name. Names of this machine's loopback (``127.0.0.1``,
-            ``localhost``) make workers that Spark takes for different hosts: it launches a
-            speculative copy of a task only on a host the task is not running on.
+        worker_hosts: Loopback names (``127.0.0.1``, ``localhost``) make workers Spark takes
+            for different hosts, where speculative copies of a task can run.
     """
 
     def __init__(
@@ -143,8 +120,7 @@ class SparkStandaloneCluster:
         """Start the master, then the workers; return once the master lists them ALIVE.
 
         Raises:
-            SparkClusterError: no pyspark or java, or a daemon exited or did not come up in time
-                (the message holds the end of its log).
+            SparkClusterError: no pyspark or java, or a daemon exited or did not come up.
         """
         deadline = time.monotonic() + timeout
         env = self.env()
@@ -219,8 +195,7 @@ class SparkStandaloneCluster:
 
     @property
     def is_running(self) -> bool:
-        """Whether the cluster was started and every daemon of it (the master, each worker) is
-        still running. Not thread-safe, as the class; never raises."""
+        """Whether the cluster was started and its master and every worker still run."""
         return bool(self._procs) and all(proc.poll() is None for proc in self._procs)
 
     def stop(self, timeout: float = 20.0) -> None:
@@ -236,14 +211,8 @@ class SparkStandaloneCluster:
         self._procs.clear()
 
     def session(self, app_name: str, **conf: str) -> Any:
-        """A SparkSession (``getOrCreate``) on this cluster, bound to loopback, whose executors
-        run :attr:`python`. Sets ``SPARK_LOCAL_IP``, ``PYSPARK_PYTHON``, ``SPARK_HOME`` and
-        ``JAVA_HOME`` in this process's environment (the driver JVM reads them).
-
-        Args:
-            app_name: The application's name.
-            **conf: Further Spark settings, e.g. ``{"spark.cores.max": "1"}``.
-        """
+        """A SparkSession on this cluster, bound to loopback, with ``conf``; sets the Spark and
+        Java variables in this process's environment, where the driver JVM reads them."""
         env = self.env()
         for key in ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "SPARK_HOME", "JAVA_HOME"):
             os.environ[key] = env[key]

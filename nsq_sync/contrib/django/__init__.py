@@ -1,25 +1,5 @@
-"""Django integration: ``INSTALLED_APPS += ["nsq_sync.contrib.django"]`` (``pip install
-nsq_sync[django]``).
-
-Settings::
-
-    NSQ = {
-        "nsqd_tcp_addresses": ["127.0.0.1:4150"],         # to publish
-        "lookupd_http_addresses": ["http://127.0.0.1:4161"],  # and/or to consume
-        "max_in_flight": 50,                               # any Config option
-    }
-
-``manage.py check`` reports bad settings as Errors naming the key (ids ``nsq_sync.E001``...).
-
-Publishing::
-
-    from nsq_sync.contrib.django import publish
-    publish("orders", b"...")                      # now; raises on failure
-    publish("orders", b"...", on_commit=True)      # after the transaction commits; never after
-                                                   # a rollback
-
-Consuming: ``manage.py nsq_consume TOPIC CHANNEL --handler myapp.handlers.handle``.
-"""
+"""Django integration (``INSTALLED_APPS += ["nsq_sync.contrib.django"]``): the ``NSQ`` setting,
+:func:`publish` and ``manage.py nsq_consume``, described in docs/django.md."""
 
 from __future__ import annotations
 
@@ -43,8 +23,7 @@ def get_settings() -> NsqSettings:
     """The ``NSQ`` setting, validated.
 
     Raises:
-        django.core.exceptions.ImproperlyConfigured: ``NSQ`` is missing or invalid (the message
-            names the key).
+        django.core.exceptions.ImproperlyConfigured: ``NSQ`` is missing or invalid (names the key).
     """
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
@@ -66,8 +45,8 @@ _holder = ProducerHolder(get_settings, "NSQ['nsqd_tcp_addresses']")
 
 
 def get_producer() -> Producer:
-    """The process's one Producer (the same object on every call; a new one in a forked child,
-    such as a gunicorn worker). Thread-safe. Closed at interpreter exit.
+    """The process's one Producer, a new one in a forked child (such as a gunicorn worker).
+    Thread-safe; closed at interpreter exit.
 
     Raises:
         django.core.exceptions.ImproperlyConfigured: bad ``NSQ`` settings.
@@ -80,15 +59,14 @@ def publish(topic: str, body: Any, on_commit: bool = False, using: str = "defaul
     """Publish ``body`` to ``topic`` through :func:`get_producer`. Thread-safe.
 
     Args:
-        on_commit: send only once the transaction open on ``using`` commits, never after a
-            rollback (at once when no transaction is open). The topic and body are checked now.
-        using: the database alias whose transaction ``on_commit`` follows.
+        on_commit: send only once the transaction open on ``using`` (a database alias) commits,
+            never after a rollback; at once when no transaction is open.
 
     Raises:
-        InvalidName, InvalidBody: a bad topic or body, before anything is sent (also with
-            ``on_commit``).
-        PublishError, ServerError: as :meth:`Producer.publish`; with ``on_commit`` they come from
-            the commit (the transaction is committed by then).
+        InvalidName, InvalidBody: a bad topic or body, at once (also with ``on_commit``).
+        PublishError, ServerError: as :meth:`Producer.publish`; with ``on_commit``, from the
+            commit (the transaction is committed by then).
+        django.core.exceptions.ImproperlyConfigured, ConfigError: as :func:`get_producer`.
     """
     commands.pub(topic, body)  # bad input fails here, in the caller, not at commit time
     if not on_commit:

@@ -23,8 +23,7 @@ class NsqSyncConfig(AppConfig):
 
 
 def _enable_metrics() -> None:
-    """NSQ["metrics"] = "prometheus" / "otel" / both: enable them in this process (an invalid
-    NSQ setting is left to the system checks, which name the key)."""
+    """Enable the backends ``NSQ["metrics"]`` names; an invalid ``NSQ`` is left to the checks."""
     from django.core.exceptions import ImproperlyConfigured
 
     from nsq_sync import metrics

@@ -1,9 +1,4 @@
-"""System checks of the ``NSQ`` setting (``manage.py check``); each Error names the key.
-
-Ids: ``nsq_sync.E001`` NSQ missing or not a dict, ``E002`` unknown key, ``E003`` invalid value,
-``E004`` malformed address, ``E005`` no address at all, ``E006`` options that contradict each
-other.
-"""
+"""System checks of the ``NSQ`` setting: one Error per problem, naming the key (ids are public)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
-"""Flask integration (``pip install nsq_sync[flask]``)::
-
-    from nsq_sync.contrib.flask import NSQ
-
-    app.config["NSQ_NSQD_TCP_ADDRESSES"] = ["127.0.0.1:4150"]        # to publish
-    app.config["NSQ_LOOKUPD_HTTP_ADDRESSES"] = ["http://127.0.0.1:4161"]  # and/or to consume
-    app.config["NSQ_MAX_IN_FLIGHT"] = 50                             # NSQ_<OPTION>: any Config option
-    app.config["NSQ_METRICS"] = "prometheus"                         # optional: "otel", or both
-    nsq = NSQ(app)            # or nsq = NSQ(); nsq.init_app(app) in an app factory
-
-    nsq.publish("orders", b"...")   # through nsq.producer: one per process, fork-safe
-
-    $ flask nsq consume orders billing --handler myapp.handlers:handle
-
-Every ``NSQ_*`` key must name an option: a typo raises at :meth:`NSQ.init_app`, naming the key.
-Handlers run inside an application context. The producer is closed at interpreter exit (or by
-:meth:`NSQ.close`).
-"""
+"""Flask integration: the :class:`NSQ` extension (settings from ``NSQ_<OPTION>`` keys of
+``app.config``) and ``flask nsq consume``, whose handlers run inside an application context."""
 
 from __future__ import annotations
 
@@ -63,10 +47,8 @@ class _State:
 
 class NSQ:
     """The Flask extension: settings from ``app.config``, a per-process Producer, and the
-    ``flask nsq consume`` command. Thread-safe once initialised.
-
-    Args:
-        app: the application (or call :meth:`init_app` later).
+    ``flask nsq consume`` command. Pass ``app`` here or to :meth:`init_app` (an app factory).
+    Thread-safe once initialised.
     """
 
     def __init__(self, app: Flask | None = None) -> None:
@@ -75,11 +57,11 @@ class NSQ:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Read and validate the ``NSQ_*`` keys of ``app.config``; add ``flask nsq``.
+        """Read and validate the ``NSQ_*`` keys of ``app.config``, enable the metrics backends
+        ``NSQ_METRICS`` names, and add ``flask nsq``.
 
         Raises:
-            ConfigError: an unknown ``NSQ_*`` key, an invalid value or address, or no address
-                (the message names the key).
+            ConfigError: an unknown ``NSQ_*`` key, a bad value or address, or no address.
         """
         options = {k[len(_PREFIX) :]: v for k, v in app.config.items() if k.startswith(_PREFIX)}
         settings = parse_settings(options, _config_key)
@@ -99,8 +81,8 @@ class NSQ:
 
     @property
     def producer(self) -> Producer:
-        """This process's Producer for the app (the same object on every call; a new one in a
-        forked child such as a gunicorn worker). Thread-safe.
+        """This process's Producer for the app (a new one in a forked child, such as a gunicorn
+        worker); closed at interpreter exit. Thread-safe.
 
         Raises:
             ConfigError: no ``NSQ_NSQD_TCP_ADDRESSES``.
@@ -125,8 +107,7 @@ def load_handler(path: str) -> Callable[[Message], Any]:
     """Import ``module:function`` (or ``module.function``; ``module:object.method`` too).
 
     Raises:
-        click.BadParameter: (exit status 2) it cannot be imported or is not callable; the
-            message names the path as given and the real cause.
+        click.BadParameter: (exit status 2) it cannot be imported or is not callable.
     """
     module_name, colon, name = path.partition(":")
     if not colon:

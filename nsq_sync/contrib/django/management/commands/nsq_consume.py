@@ -1,9 +1,7 @@
-"""``manage.py nsq_consume TOPIC CHANNEL --handler dotted.path``: run a Consumer until SIGTERM
-(or --idle-timeout / --max-messages, for cron). With ``--batch-size N`` the handler receives a
-list of up to N messages (a BatchConsumer; ``--batch-timeout`` seconds after the first, default 1).
-
-Exit status: 0 after SIGTERM/SIGINT (a graceful stop) or a run that ended with nothing failed;
-1 when handlers failed or gave up; 2 for bad usage (a bad name, handler or option).
+"""``manage.py nsq_consume TOPIC CHANNEL --handler dotted.path``: run a Consumer (a BatchConsumer
+with ``--batch-size``) until SIGTERM, or ``--idle-timeout`` / ``--max-messages`` for cron.
+Exit status: 0 after SIGTERM/SIGINT or when nothing failed, 1 when handlers failed or gave up,
+2 for bad usage.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def load_handler(path: str) -> Callable[[Message], Any]:
 
 
 def with_fresh_connections(handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Run ``handler`` (on a message, or a batch of them) between two
-    ``close_old_connections()``, as Django's request cycle does, so a long-running worker never
-    uses a database connection that died or outlived CONN_MAX_AGE."""
+    """Run ``handler`` between two ``close_old_connections()``, as Django's request cycle does,
+    so a long-running worker never uses a dead or expired database connection."""
 
     def handle(message: Any) -> Any:
         close_old_connections()

@@ -61,7 +61,7 @@ class Message:
         is_async: True once :meth:`enable_async` was called (read-only).
 
     For the consumer's parts (internal, not for handlers): ``responder`` answers it,
-    ``connection`` is the connection it came on, :meth:`claim` and :meth:`claim_all` take the
+    ``connection`` is the connection it came on, ``claim()`` and ``claim_all()`` take the
     right to answer.
 
     ``finish``, ``requeue`` and ``touch`` are thread-safe; the first of finish/requeue wins and

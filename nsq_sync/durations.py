@@ -80,6 +80,14 @@ def to_seconds(
 
 
 def positive_seconds(name: str, value: object) -> float | None:
-    """None, or :func:`to_seconds` with ``positive=True``: the check of optional durations that
-    must be > 0 (``run(timeout=)``, ``batch_timeout``...)."""
-    return None if value is None else to_seconds(value, name, positive=True)
+    """None, or seconds > 0 from a number or a timedelta (not a string): the check of optional
+    durations that must be > 0 (``run(timeout=)``, ``batch_timeout``...).
+
+    Raises:
+        ConfigError: anything else; the message names ``name``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise ConfigError(f"{name} must be seconds > 0 (or a timedelta), got {value!r}")
+    return to_seconds(value, name, positive=True)

@@ -251,7 +251,7 @@ def test_a_stop_waits_for_the_batch_tasks_last_fins_before_closing(
     the batch in flight until its timeout. The write is slowed down here to widen that gap."""
     client = prepare_channel(nsqd, nsq_topic, CHANNEL, 4)
     consumer = make(nsqd, nsq_topic, Batches(), batch_size=4, batch_timeout=5.0)
-    responder = consumer._machinery.responder
+    responder = consumer._batcher.parts.responder
     write = responder._write
 
     def slow_write(*args: Any, **kwargs: Any) -> None:

@@ -62,7 +62,7 @@ class DeadLetterRecord:
 
     @property
     def error(self) -> str:
-        """``"Type: message"`` (empty when no error is known): what ``--where`` searches."""
+        """What ``--where`` searches, as ``"Type: message"`` (empty when no error is known)."""
         if self.error_type is None:
             return ""
         return f"{self.error_type}: {self.error_message or ''}"

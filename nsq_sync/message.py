@@ -1,11 +1,6 @@
-"""The Message handed to handlers; finish/requeue/touch go through the consumer's responder.
-
-The first answer (finish or requeue) of a message *claims* it (:meth:`Message.claim`): a
-worker's automatic FIN and an application thread's finish()/requeue() may race, and exactly
-one of them wins. Every claim takes :data:`claim_lock`, held for two attribute accesses and
-never across I/O, so one lock for all messages does not contend (and under gevent never blocks
-a greenlet). It is replaced in a forked child: a parent's thread may have held it at the fork.
-"""
+"""The Message handed to handlers. The first finish or requeue *claims* it, under
+:data:`claim_lock`: one lock for all messages, held for two attribute accesses and never across
+I/O (it never blocks a greenlet); replaced in a forked child (a parent's thread may hold it)."""
 
 from __future__ import annotations
 
@@ -38,8 +33,7 @@ process.replace_in_child(_new_claim_lock)
 
 
 class Responder(Protocol):
-    """What a message answers through (a consumer's
-    :class:`~nsq_sync.consumer.responder.ConsumerResponder`). Implementations are thread-safe."""
+    """What a message answers through (the consumer's responder). Thread-safe."""
 
     def finish(self, message: Message) -> None: ...
 
@@ -49,23 +43,21 @@ class Responder(Protocol):
 
 
 class Message:
-    """One message delivered by nsqd.
+    """One message delivered by nsqd. ``finish``, ``requeue`` and ``touch`` are thread-safe:
+    the first of finish/requeue wins, later calls are ignored (with a debug log).
 
     Attributes:
         id: 16-byte message id.
         body: the payload.
         timestamp: when nsqd received it, nanoseconds since the epoch.
         attempts: delivery attempts, this one included (1 on first delivery).
-        nsqd_address: TCP address of the nsqd that delivered it (FIN must go back there).
+        nsqd_address: TCP address of the nsqd that delivered it (its FIN must go back there).
         has_responded: True once finish() or requeue() was called (read-only).
         is_async: True once :meth:`enable_async` was called (read-only).
 
-    For the consumer's parts (internal, not for handlers): ``responder`` answers it,
-    ``connection`` is the connection it came on, ``claim()`` and ``claim_all()`` take the
-    right to answer.
-
-    ``finish``, ``requeue`` and ``touch`` are thread-safe; the first of finish/requeue wins and
-    later calls are ignored (with a debug log), as in go-nsq.
+    ``responder``, ``connection``, ``claim()`` and ``claim_all()`` are the consumer's internal
+    interface (what answers it, the connection it came on, the right to answer): not for
+    handlers.
     """
 
     __slots__ = (
@@ -109,9 +101,9 @@ class Message:
         nsqd_address: str,
         connection: NsqdConnection | None,
     ) -> list[Message]:
-        """The message of every frame of one read (the reader task's hot path): what
-        ``Message(...)`` does, without a Python ``__init__`` call per message (a quarter of the
-        cost of building one). Keep it in step with ``__init__``."""
+        """``Message(...)`` per frame of one read, minus the ``__init__`` calls (keep in step).
+
+        :meta private:"""
         new = cls.__new__
         messages: list[Message] = []
         append = messages.append
@@ -136,17 +128,14 @@ class Message:
         )
 
     def enable_async(self) -> None:
-        """Tell the consumer the handler will respond later (from any thread): returning from the
-        handler then neither finishes nor requeues the message. Call touch() if it takes longer
-        than nsqd's msg_timeout."""
+        """The handler will answer later (from any thread): returning from it then neither finishes
+        nor requeues the message. Call touch() if that takes longer than nsqd's msg_timeout."""
         self.is_async = True
 
     def claim(self, what: str | None) -> bool:
-        """Take the right to answer: True for the first caller only. ``what`` names the answer
-        for the debug log of a later one (None: no log). Thread-safe.
+        """Take the right to answer; True for the first caller (``what``: logged for later ones).
 
-        acquire()/release() rather than ``with``: this runs once per consumed message, and
-        ``with`` costs about a thousand instructions more."""
+        :meta private:"""
         lock = claim_lock
         lock.acquire()
         if self.has_responded:
@@ -160,8 +149,9 @@ class Message:
 
     @staticmethod
     def claim_all(messages: list[Message]) -> list[Message]:
-        """Claim every message of ``messages`` nobody answered yet, under one acquisition of the
-        lock; return those. Thread-safe."""
+        """Claim every message nobody answered yet, under one lock acquisition; return those.
+
+        :meta private:"""
         with claim_lock:
             claimed = [message for message in messages if not message.has_responded]
             for message in claimed:
@@ -174,9 +164,8 @@ class Message:
             self.responder.finish(self)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        """REQ: nsqd redelivers it after ``delay`` seconds (None: the consumer's policy,
-        ``default_requeue_delay * attempts`` capped at ``max_requeue_delay``). ``backoff``
-        counts it as a failure for the consumer's backoff.
+        """REQ: nsqd redelivers it after ``delay`` seconds (None: ``default_requeue_delay *
+        attempts``, capped at ``max_requeue_delay``); ``backoff``: a failure for backoff.
 
         Raises:
             ConfigError: ``delay`` is not a duration >= 0 (seconds or a timedelta).

@@ -1,27 +1,6 @@
-"""BatchConsumer: handle messages in batches, on top of the Consumer's machinery.
-
-The consumer's one worker hands what it takes from the dispatch queue to
-``_Batcher.collect_many``, a list per wake-up: each message checked as a handler's would
-be (``WorkerPool._screen``) and marked async (the pool neither finishes nor requeues it); they join
-the open batch. One batch task
-closes the open batch and calls ``handle_batch(messages)`` when the batch holds ``batch_size``
-messages, ``batch_timeout`` seconds after its first message, or as soon as no more credit can
-fill it: every nsqd's RDY is used up by messages in flight and all of them are in the batch
-machinery (nothing received is still on its way), as after a backoff step's RDY 0, a pause or a
-stop. Then:
-
-* ``handle_batch`` returns → the messages it did not answer itself are finished, one write per
-  connection (the consumer's batched FIN path);
-* it raises → the error is logged and the messages it did not answer are requeued with the
-  consumer's delay policy, and backoff counts one failure (backoff takes one result per window);
-  a message on its last attempt (``max_attempts``) goes to the give-up handler instead, and
-  every message it left unanswered does when it raised :class:`~nsq_sync.errors.DeadLetter`
-  (with ``dead_letter_topic``: to the dead-letter topic first, see ``WorkerPool.give_up``).
-
-``max_in_flight`` is at least ``batch_size`` so the RDY manager always holds credit for a full
-batch; the default is exactly ``batch_size`` (raise it to let the next batch fill while the
-handler runs). During ``run(max_messages=)`` the credit never exceeds the deliveries left, so the
-last batch holds what is left.
+"""BatchConsumer: batches on top of a Consumer's parts. The consumer's one worker screens and
+marks async what it takes, and hands it to ``_Batcher.collect_many``; one batch task closes
+batches and runs ``handle_batch``. ``max_in_flight >= batch_size``: credit can fill a batch.
 """
 
 from __future__ import annotations
@@ -52,27 +31,21 @@ POLL = 0.01
 
 class BatchConsumer:
     """Consumes ``topic``/``channel`` and calls ``handle_batch(list_of_messages)``, one batch at
-    a time.
+    a time. Every public method may be called from any thread.
 
-    Args:
-        topic, channel: what to subscribe to.
-        handle_batch: called with a list of 1 to ``batch_size`` messages on the batch task.
-            Returning finishes every message it did not answer itself; raising requeues them
-            (with backoff).
-        batch_size: most messages in a batch.
-        batch_timeout: seconds (float or timedelta) a batch stays open after its first message.
-        giving_up, config, nsqd_tcp_addresses, lookupd_http_addresses, runtime and any Config
-            option, dead_letter_topic: as for :class:`~nsq_sync.consumer.Consumer`
-            (``handle_batch`` raising :class:`~nsq_sync.errors.DeadLetter` gives up every
-            message of the batch it did not answer). ``max_in_flight`` defaults to
-            ``batch_size`` (or the config's value when larger).
+    A batch closes at ``batch_size`` messages, ``batch_timeout`` seconds (float or timedelta)
+    after its first message, or as soon as no more credit can fill it. ``handle_batch`` returning
+    finishes every message it did not answer itself; raising requeues them (delay policy, one
+    failure for backoff), or gives up those on their last attempt (all of them after
+    :class:`~nsq_sync.errors.DeadLetter`). The other arguments (``giving_up``, ``config``, the
+    addresses, ``runtime``, ``dead_letter_topic``, any Config option) are as for
+    :class:`~nsq_sync.consumer.Consumer`; ``max_in_flight`` defaults to ``batch_size`` (or the
+    config's value when larger).
 
     Raises:
         ConfigError: a bad batch_size or batch_timeout, ``max_in_flight`` below ``batch_size``,
             ``concurrency`` (batches are handled one at a time), or anything Consumer rejects.
         InvalidName: a bad topic or channel name.
-
-    Thread-safety: every public method may be called from any thread.
     """
 
     def __init__(
@@ -126,15 +99,15 @@ class BatchConsumer:
 
     @property
     def runtime(self) -> Runtime:
-        """As :attr:`Consumer.runtime <nsq_sync.consumer.Consumer.runtime>`: with
-        ``runtime="auto"`` decided at :meth:`start`."""
+        """As :attr:`Consumer.runtime <nsq_sync.consumer.Consumer.runtime>`."""
         return self._consumer.runtime
 
     def start(self) -> None:
         """Start the batch task and the consumer; returns at once.
 
         Raises:
-            Stopped: the consumer was stopped (consumers are not restartable).
+            Stopped: the consumer was stopped (consumers are not restartable), or it was started
+                in another process before a fork.
         """
         self._consumer.start()  # decides the runtime (the parts are attached again if it changed)
         self._batcher.start(f"{self.topic}/{self.channel}")
@@ -146,6 +119,7 @@ class BatchConsumer:
         messages put in batches, and ``handled`` in the summary too.
 
         Raises:
+            ConfigError, Stopped: as Consumer.run.
             SystemExit, KeyboardInterrupt: ``handle_batch`` raised it; its batch was requeued
                 and the consumer stopped gracefully first.
         """
@@ -159,15 +133,8 @@ class BatchConsumer:
 
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
-        then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`.
-
-        Called from ``handle_batch``, stop() cannot wait for that batch: it starts the stop on
-        a task of its own and returns False at once; the batch is answered as usual when
-        ``handle_batch`` returns.
-
-        Returns:
-            True when everything in flight was answered before the deadline.
-        """
+        then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`; True when everything in
+        flight was answered in time. Called from ``handle_batch``, it returns False at once."""
         batcher = self._batcher
         if batcher.on_own_task():
             batcher.stop_elsewhere(self.stop, timeout)
@@ -196,9 +163,7 @@ class BatchConsumer:
 
 
 class _Batcher(PartsUser):
-    """The handler a BatchConsumer gives its Consumer, and its batch task: the consumer's one
-    worker hands it lists of messages (:meth:`collect_many`); the task closes batches and runs
-    ``handle_batch``. ``stop`` is the BatchConsumer's (a batch handler's SystemExit stops it)."""
+    """A BatchConsumer's handler (it collects) and its batch task (it runs ``handle_batch``)."""
 
     def __init__(
         self,
@@ -232,8 +197,7 @@ class _Batcher(PartsUser):
         self.collect_many([message])
 
     def attach(self, parts: ConsumerParts) -> None:
-        """The consumer built its parts (at construction; again at start() when
-        ``runtime="auto"`` picked another runtime): batch on them."""
+        """Batch on the consumer's (new) parts."""
         self._parts = parts
         self._lock = parts.runtime.lock()
         self._wake = parts.runtime.event()
@@ -245,7 +209,6 @@ class _Batcher(PartsUser):
 
     @property
     def parts(self) -> ConsumerParts:
-        """The consumer's parts (attached in Consumer.__init__)."""
         parts = self._parts
         assert parts is not None
         return parts
@@ -270,11 +233,11 @@ class _Batcher(PartsUser):
         known.set()
 
     def on_own_task(self) -> bool:
-        """True when called from the batch task (a handle_batch is calling)."""
+        """True on the batch task (a handle_batch is calling)."""
         return self._task is not None and self.parts.runtime.is_current(self._task)
 
     def stop_elsewhere(self, stop: Callable[[float], object], timeout: float) -> None:
-        """``stop(timeout)`` on a task of its own (once): handle_batch called it."""
+        """``stop(timeout)`` on a task of its own (once)."""
         with self._lock:
             spawn = not self._stop_spawned
             self._stop_spawned = True
@@ -287,7 +250,7 @@ class _Batcher(PartsUser):
         self._wake.set()
 
     def close(self, deadline: float) -> None:
-        """The consumer stopped: handle the open batch, then end the task (until ``deadline``)."""
+        """Handle the open batch, then end the task (until ``deadline``)."""
         with self._lock:
             self._closing = True
         self._wake.set()
@@ -297,8 +260,7 @@ class _Batcher(PartsUser):
     # ------------------------------------------------------------------ batching
 
     def collect_many(self, messages: list[Message]) -> None:
-        """The consumer's one worker hands over what it took (checked, marked async): add
-        ``messages`` to the open batch, in order."""
+        """Add ``messages`` (screened, marked async) to the open batch, in order."""
         size = self.batch_size
         opened = self._open
         arrived = self._arrived
@@ -319,8 +281,7 @@ class _Batcher(PartsUser):
             self._wake.set()
 
     def _cannot_grow(self, in_batches: int) -> bool:
-        """True when no more messages can join the open batch: no credit left, and every message
-        in flight is in the batches (none is still on its way to ``collect_many``)."""
+        """No credit left, and every message in flight is in the batches."""
         credit_left, in_flight, _ = self.parts.connections.credit()
         return credit_left == 0 and in_flight <= in_batches
 
@@ -362,7 +323,7 @@ class _Batcher(PartsUser):
             self._wake.clear()
 
     def _take(self) -> list[Message]:
-        """The oldest ``batch_size`` messages of the open batch (caller holds ``_lock``)."""
+        """The oldest ``batch_size`` open messages (caller holds ``_lock``)."""
         batch = self._open[: self.batch_size]
         del self._open[: self.batch_size]
         del self._arrived[:1]  # the next batch (if any) begins at the next batch_size-th
@@ -406,8 +367,7 @@ class _Batcher(PartsUser):
             self.parts.responder.finish_many(to_finish)
 
     def _failed(self, batch: list[Message], error: BaseException) -> None:
-        """The batch handler failed: requeue what it left unanswered (give up on messages at
-        max_attempts, and on all of them after DeadLetter), logged."""
+        """Requeue or give up what the failed batch left unanswered."""
         parts = self.parts
         unanswered = [m for m in batch if not m.has_responded]
         self.log.exception(
@@ -420,9 +380,8 @@ class _Batcher(PartsUser):
             parts.pool.requeue_or_give_up(message, error)
 
     def _ended(self, batch: list[Message], exc: BaseException) -> None:
-        """SystemExit or KeyboardInterrupt (the consumer stops gracefully; run() re-raises it)
-        or GreenletExit (re-raised: the task ends) from the batch's handlers: nothing may stay
-        in flight."""
+        """SystemExit/KeyboardInterrupt (stop gracefully) or GreenletExit (re-raised) from
+        ``handle_batch``: nothing may stay in flight."""
         fatal = isinstance(exc, (SystemExit, KeyboardInterrupt))
         if fatal:
             self.parts.control.pause()  # first, or nsqd hands the batch straight back

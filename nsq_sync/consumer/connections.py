@@ -1,20 +1,7 @@
-"""The consumer's connections: the connection table, its RDY credit, and the reader callbacks.
-
-One :class:`ConnectionSet` per consumer (it is the consumer's part that talks to nsqds):
-
-* it dials nsqds when discovery asks (:meth:`ConnectionSet.spawn_connect`), registers them, and
-  forgets them when they close, telling discovery (which redials);
-* it is the :class:`~nsq_sync.wire.connection.ConnectionHandler` of every connection (private to the
-  consumer): reader tasks hand it each read's messages, unsolicited responses and errors, and
-  the close;
-* it applies the RDY manager's decisions: the manager (pure policy, the single owner of every
-  in-flight count) is only ever called under :attr:`ConnectionSet.lock`, and the RDY commands
-  it returns are written under the same lock, so the wire order matches the manager's view; a
-  timer task drives the manager's deadlines (backoff expiry, redistribution);
-* at stop it closes the subscription: RDY 0 and CLS, then (once every connection said
-  CLOSE_WAIT and nothing is in flight, or the deadline passed) it closes them all.
-
-The counters of :meth:`~nsq_sync.consumer.Consumer.stats` live here too, under the same lock.
+"""The consumer's connections: the connection table, its RDY credit, the reader callbacks and
+the counters of ``stats()``. The RDY manager is only ever called under
+:attr:`ConnectionSet.lock`, and the RDY commands it returns are written under the same lock, so
+the wire order matches the manager's view.
 """
 
 from __future__ import annotations
@@ -48,20 +35,9 @@ _REJECTED = {"E_FIN_FAILED": "finished", "E_REQ_FAILED": "requeued"}
 
 
 class ConnectionSet:
-    """A consumer's live nsqd connections and their credit. Thread-safe: every method takes
-    :attr:`lock` (an RLock) where it touches shared state.
-
-    Args:
-        topic, channel: the subscription.
-        config: the consumer's options.
-        runtime: threads or gevent.
-        log: the consumer's logger.
-        rdy: the RDY manager (default: a new one for ``config``; a consumer rebuilding its
-            parts on another runtime hands its manager on).
-
-    The consumer sets :attr:`responder` (what messages answer through), :attr:`deliver` (the
-    worker pool's ``submit_many``) and :attr:`discovery` before :meth:`start`.
-    """
+    """A consumer's live nsqd connections and their credit; ``rdy``: the RDY manager to keep.
+    Thread-safe: every method takes :attr:`lock` (an RLock) where it touches shared state. The
+    consumer sets :attr:`responder`, :attr:`deliver` and :attr:`discovery` before :meth:`start`."""
 
     def __init__(
         self,
@@ -114,8 +90,7 @@ class ConnectionSet:
             return self.rdy.max_in_flight
 
     def credit(self) -> tuple[int, int, int]:
-        """(messages nsqds may still send, messages in flight, messages received so far): what
-        run() judges idleness by and BatchConsumer closes batches by."""
+        """(messages nsqds may still send, messages in flight, messages received so far)."""
         with self.lock:
             return self.rdy.credit_left(), self.in_flight(), self.counts["received"]
 
@@ -136,7 +111,7 @@ class ConnectionSet:
                 observer.backoff(self.rdy.backoff_level)
 
     def snapshot(self) -> ConsumerStats:
-        """The consumer's stats, taken under one lock (consistent with each other)."""
+        """The consumer's stats, consistent (taken under one lock)."""
         with self.lock:
             rdy = self.rdy
             table = self.conns
@@ -156,9 +131,8 @@ class ConnectionSet:
             )
 
     def skipped(self, message: Message, admitted: bool = False) -> None:
-        """``message`` is dropped unanswered (its connection closed before its handler ran;
-        nsqd redelivers it): counted, and out of a budgeted run's in-flight count (having
-        spent a place of the run when ``admitted``: a BatchConsumer's open batch)."""
+        """``message`` is dropped unanswered (its connection closed; nsqd redelivers it): counted,
+        and out of a budgeted run's count (``admitted``: it took a place of the run)."""
         self.log.debug("skipping %r: its connection closed; nsqd will redeliver it", message)
         with self.lock:
             self.counts["skipped"] += 1
@@ -176,18 +150,15 @@ class ConnectionSet:
                 observer.counted(what, n)
 
     def key(self, conn: NsqdConnection) -> str | None:
-        """``conn``'s RDY key; None for a connection that was replaced since (caller holds
-        :attr:`lock`)."""
+        """``conn``'s RDY key; None once it was replaced (caller holds :attr:`lock`)."""
         return conn.address if self.conns.get(conn.address) is conn else None
 
     # ------------------------------------------------------------------ answers
 
     def answered(self, conn: NsqdConnection, what: str, backoff: bool = True) -> None:
-        """Count one answer of ``conn``'s message (``what``: "finished" or "requeued") and take
-        its step for the RDY manager, sending the RDY updates it makes; a REQ counts as a failure
-        for backoff when ``backoff`` (not while stopping). Call it before writing the FIN/REQ:
-        an RDY 0 that starts a backoff window must reach nsqd first. A message of a connection
-        replaced since counts for backoff but not for the new connection. Thread-safe."""
+        """Count one answer of ``conn``'s message (``what``: "finished" or "requeued") and send its
+        RDY updates (a replaced connection's counts for backoff only); a REQ is a backoff failure
+        when ``backoff`` and not stopping. Call it before writing the FIN/REQ: RDY 0 goes first."""
         with self.lock:
             key = self.key(conn)
             rdy = self.rdy
@@ -201,9 +172,8 @@ class ConnectionSet:
                 self.observer.answered(what, conn.address, 1, rdy.in_flight(key))
 
     def finished_quietly(self, conn: NsqdConnection, n: int) -> bool:
-        """Count ``n`` FINs of ``conn`` in one step when that changes no RDY (no backoff to step
-        down, credit not scarce, the run's budget fits), and return True; False means nothing
-        was counted: call :meth:`answered` for each. Thread-safe."""
+        """Count ``n`` FINs of ``conn`` in one step and return True if that changes no RDY; False:
+        nothing was counted, call :meth:`answered` for each."""
         with self.lock:
             key = self.key(conn)
             rdy = self.rdy
@@ -219,7 +189,7 @@ class ConnectionSet:
     # ------------------------------------------------------------------ RDY
 
     def start(self, name: str) -> None:
-        """Start the RDY timer task (named ``nsq_sync-rdy-<name>``)."""
+        """Start the RDY timer task."""
         self._timer = self.runtime.spawn(self._timer_loop, name=f"nsq_sync-rdy-{name}")
 
     def apply(self, actions: list[Action]) -> None:
@@ -233,8 +203,7 @@ class ConnectionSet:
                     observer.rdy(conn.address, count)
 
     def apply_and_wake(self, event: Callable[[], list[Action]]) -> None:
-        """Apply the RDY manager's answer to ``event()``; wake the timer task when its next
-        deadline moved (caller holds :attr:`lock`)."""
+        """Apply ``event()``'s RDY updates; wake the timer if its deadline moved (lock held)."""
         before = self.rdy.next_deadline()
         self.apply(event())
         if self.rdy.next_deadline() != before:
@@ -248,7 +217,7 @@ class ConnectionSet:
         self._timer_wakeup.set()
 
     def set_budget(self, deliveries: int) -> None:
-        """Deliver no more than ``deliveries`` messages from now on (see RDYManager.set_budget)."""
+        """Deliver no more than ``deliveries`` messages from now on (RDYManager.set_budget)."""
         with self.lock:
             self.apply(self.rdy.set_budget(deliveries))
         self._timer_wakeup.set()
@@ -264,7 +233,7 @@ class ConnectionSet:
             return False
 
     def _timer_loop(self) -> None:
-        """Drives the RDY manager's timers (backoff expiry, redistribution); sleeps otherwise."""
+        """Drive the RDY manager's timers (backoff expiry, redistribution)."""
         while not self.stopping:
             with self.lock:
                 deadline = self.rdy.next_deadline()
@@ -281,7 +250,7 @@ class ConnectionSet:
     # ------------------------------------------------------------------ connecting
 
     def spawn_connect(self, address: str) -> None:
-        """Dial ``address`` on a task of its own (discovery calls this)."""
+        """Dial ``address`` on a task of its own."""
         self.runtime.spawn(self._connect, address, name=f"nsq_sync-connect-{address}")
 
     def _connect(self, address: str) -> None:
@@ -412,25 +381,16 @@ class ConnectionSet:
     # ------------------------------------------------------------------ stopping
 
     def abandon(self) -> None:
-        """In a forked child (the fork hook; takes no lock): this copy is dead. Its connections
-        and tasks are abandoned by their own hooks; nothing may reconnect."""
+        """In a forked child (the fork hook; takes no lock): nothing may reconnect."""
         self.stopping = True
         if self.discovery is not None:
             self.discovery.abandon()
 
     def close_subscription(self, stopping: Callable[[], None]) -> list[NsqdConnection] | None:
         """Start the stop: ``stopping()``, RDY 0 everywhere and CLS on every connection, in one
-        critical section. Returns the connections (to wait for with :meth:`settled`), or None
-        when a stop had begun already.
-
-        RDY 0 goes out in the same critical section that makes every new message stale: a
-        reader requeueing stale messages to an nsqd that still has RDY gets each one straight
-        back, and under gevent that loop never yields to let the RDY 0 out. CLS follows right
-        behind: nsqd answers CLOSE_WAIT behind every message it had already written (one
-        buffered writer; a response flushes it), so once a connection said CLOSE_WAIT its
-        in-flight count is complete (closing as soon as the count read 0 lost messages still
-        on the wire). FIN/REQ/TOUCH still work in nsqd's closing state.
-        """
+        critical section (else stale requeues come straight back, and under gevent never yield).
+        Returns the connections for :meth:`settled` (CLOSE_WAIT: every message nsqd wrote arrived),
+        or None if a stop had begun."""
         with self.lock:
             if self.stopping:
                 return None
@@ -451,7 +411,7 @@ class ConnectionSet:
             )
 
     def close_all(self, conns: list[NsqdConnection], deadline: float) -> None:
-        """Close ``conns`` and every live connection, join their readers and the timer task."""
+        """Close ``conns`` and every live connection; join their readers and the timer task."""
         with self.lock:
             conns = list(dict.fromkeys([*conns, *self.conns.values()]))
         for conn in conns:
@@ -485,8 +445,7 @@ def _nowhere(messages: list[Message]) -> None:
 
 
 def _is_configuration_error(error: BaseException) -> bool:
-    """Errors a reconnect would only repeat: TLS/AUTH setup, garbage (an HTTP port), or nsqd
-    rejecting IDENTIFY/SUB/AUTH for reasons other than a transient failure."""
+    """Errors a reconnect would only repeat (TLS, AUTH, garbage, a non-retriable refusal)."""
     if isinstance(error, (TLSError, AuthError, ProtocolError)):
         return True
     return isinstance(error, ServerError) and not error.retriable

@@ -1,15 +1,6 @@
-"""Consumer: wiring and lifecycle only.
-
-    socket ──► reader task (one per nsqd) ──► dispatch queue ──► worker pool ──► handler(message)
-    discovery task (lookupd polls with jitter) ──► connect / reconnect nsqds (lookupd only adds)
-    RDY manager (one per consumer, pure policy) ◄── every message, FIN, REQ, timer tick
-
-The parts: :class:`~nsq_sync.consumer.connections.ConnectionSet` (connections, RDY credit, the reader
-callbacks, closing at stop), :class:`~nsq_sync.consumer.responder.ConsumerResponder` (FIN/REQ/TOUCH),
-:class:`~nsq_sync.consumer.workers.WorkerPool`, :class:`~nsq_sync.consumer.flusher.Flusher` and
-:class:`~nsq_sync.consumer.discovery.Discovery`. The connection set's lock is the consumer's central
-lock (ARCHITECTURE.md has the whole concurrency model). User code (handler, giving_up) never
-runs under it, nor on a reader task.
+"""Consumer: wiring and lifecycle; its parts do the work. The connection set's lock is the
+consumer's central lock (ARCHITECTURE.md); user code (handler, giving_up) never runs under it,
+nor on a reader task.
 """
 
 from __future__ import annotations
@@ -49,32 +40,27 @@ __all__ = ["ConnectionStats", "Consumer", "ConsumerStats"]
 class Consumer:
     """Consumes ``topic``/``channel`` from nsqd(s), running ``handler(message)`` on a worker pool.
 
-    ``handler`` returning finishes the message; raising requeues it (with backoff). See
-    :mod:`nsq_sync.consumer.workers` for the exact rules, ``max_attempts`` and ``giving_up``.
+    ``handler`` returning finishes the message; raising requeues it (with backoff): the rules,
+    ``max_attempts`` and ``giving_up`` are in :mod:`nsq_sync.consumer.workers`. Every public
+    method may be called from any thread.
 
     Args:
-        topic, channel: what to subscribe to.
-        handler: called with each :class:`~nsq_sync.message.Message` on a worker.
-        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``): a list, or one string
-            (several separated by commas). Default: ``config.nsqd_tcp_addresses``.
-        lookupd_http_addresses: nsqlookupds to discover nsqds from (a list, or one string,
-            several separated by commas). Default: ``config.lookupd_http_addresses``. lookupd
-            only adds nsqds: a connection closes when nsqd closes it, never because a lookupd
-            stopped listing it (as go-nsq; a restarted lookupd lists nothing for a while).
+        nsqd_tcp_addresses: nsqds to connect to directly (``host:port``): a list, or one
+            comma-separated string. Default (both address arguments empty): the config's.
+        lookupd_http_addresses: nsqlookupds to discover nsqds from (same forms, same default).
+            lookupd only adds nsqds: a connection closes when nsqd closes it.
         concurrency: number of worker tasks running the handler.
         giving_up: called with a message that used up ``max_attempts`` (default: log WARNING).
         dead_letter_topic: publish given-up messages there before finishing them (see
             :mod:`nsq_sync.dead_letter`).
         config: a Config; keyword ``overrides`` (any Config option) apply on top.
-        runtime: ``"auto"`` (gevent if gevent patched ``socket``; decided at :meth:`start`, so
-            a consumer made before ``monkey.patch_all()`` runs on gevent when started after),
-            ``"threads"`` or ``"gevent"``.
+        runtime: ``"threads"``, ``"gevent"`` or ``"auto"`` (gevent if gevent patched ``socket``,
+            decided at :meth:`start`).
 
     Raises:
         InvalidName: a bad topic, channel or dead-letter topic name.
-        ConfigError: no addresses, a malformed one, an invalid option (dead_letter_topic too).
-
-    Thread-safety: every public method may be called from any thread.
+        ConfigError: no addresses, a malformed one, an invalid option or argument (a handler that
+            is not callable, ``dead_letter_topic`` equal to ``topic``).
     """
 
     def __init__(
@@ -134,9 +120,7 @@ class Consumer:
         giving_up: GiveUpHandler | None,
         credit: RDYManager | None = None,
     ) -> None:
-        """Create the parts that depend on the runtime: lock, events, connection set, responder,
-        worker pool, flusher, discovery (all idle until start()). ``credit``: the manager of
-        the parts these replace (its state, a run's budget included, carries over)."""
+        """Build the parts for ``runtime``, idle until start(); ``credit``: the manager to keep."""
         self._runtime = runtime
         cfg = self.config
         log = self.log
@@ -195,9 +179,8 @@ class Consumer:
             )
 
     def _decide_runtime(self) -> bool:
-        """With runtime="auto", decide the runtime in this process now (at start): when gevent
-        patched the process since the consumer was made on threads, build its parts again on
-        gevent (threading locks would block the whole gevent hub). True when rebuilt."""
+        """With runtime="auto", at start: rebuild the parts on gevent if gevent patched the process
+        since (threading locks would block the hub). True when rebuilt."""
         if not self._auto_runtime or self._started or self._connections.stopping:
             return False
         if not patched_after(self._runtime):
@@ -217,9 +200,8 @@ class Consumer:
 
     @property
     def runtime(self) -> Runtime:
-        """The runtime in use (``.name`` is ``"threads"`` or ``"gevent"``). With
-        ``runtime="auto"`` it is decided at :meth:`start`; before that this is what "auto"
-        would pick now."""
+        """The runtime in use (``.name`` is ``"threads"`` or ``"gevent"``); with ``runtime="auto"``
+        decided at :meth:`start` (before that: what "auto" would pick now)."""
         if self._auto_runtime and not self._started and patched_after(self._runtime):
             return resolve_runtime("auto")
         return self._runtime
@@ -227,14 +209,12 @@ class Consumer:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start workers, discovery and connections; returns at once.
-
-        With ``max_in_flight=0`` the consumer starts paused (it connects but receives nothing
-        until :meth:`set_max_in_flight`); a WARNING says so.
+        """Start workers, discovery and connections; returns at once. With ``max_in_flight=0`` it
+        starts paused (a WARNING says so) until :meth:`set_max_in_flight`.
 
         Raises:
-            Stopped: the consumer was stopped (consumers are not restartable), or it was
-                started in another process before a fork (start a new one in each process).
+            Stopped: the consumer was stopped (consumers are not restartable), or it was started
+                in another process before a fork (start a new one in each process).
         """
         self._lifecycle.check_process()
         if self._connections.stopping:
@@ -265,36 +245,30 @@ class Consumer:
     def run(
         self, timeout: Any = None, idle_timeout: Any = None, max_messages: int | None = None
     ) -> RunSummary:
-        """Start, block until an end, then stop gracefully. The ends (``summary.reason``):
+        """Start, block until an end, stop gracefully, and return what the run did. The ends
+        (``summary.reason``):
 
         * ``"stopped"``: :meth:`stop` was called (from another thread, or a handler);
         * ``"signal"``: SIGTERM or SIGINT (handlers are installed only when run() is called
           from the main thread, and restored after);
         * ``"timeout"``: ``timeout`` seconds passed since the run started;
-        * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open (some
-          nsqd could have sent one), or while there was no nsqd to consume from (no direct
-          address, and lookupd lists none). Backoff, reconnecting to a known nsqd, a pause
-          (``max_in_flight`` 0) and every allowed message in flight are not idle;
+        * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open, or while
+          there was no nsqd to consume from. Backoff, reconnecting to a known nsqd, a pause and
+          every allowed message in flight are not idle;
         * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
-          messages given up without one). The consumer pauses at once and no further call
-          starts; the credit nsqds hold never exceeds the deliveries left, so only a redelivery
-          arrives after that, and it is requeued at once (docs/cron.md says why this matters).
+          messages given up without one). The consumer pauses at once, and the credit nsqds hold
+          never exceeds the deliveries left (docs/cron.md says why).
 
         Args:
             timeout, idle_timeout: seconds (float or timedelta) > 0, or None.
             max_messages: an int >= 1, or None.
 
-        Returns:
-            A :class:`~nsq_sync.consumer.running.RunSummary` (``summary.ok`` is False when a handler
-            failed or a message was given up), once the consumer is fully stopped.
-
         Raises:
             ConfigError: a bad argument (nothing started).
             Stopped: the consumer was stopped before, or it was started in another process
-                before a fork (raised before anything else, as by start() and stop()).
+                before a fork.
             SystemExit, KeyboardInterrupt: a handler raised it; that message was requeued and
-                the consumer stopped gracefully first (as ``sys.exit()`` in a view ends a web
-                worker).
+                the consumer stopped gracefully first.
         """
         return run_to_end(
             self,
@@ -308,17 +282,13 @@ class Consumer:
         """Stop gracefully: RDY 0 everywhere, requeue what was received but not started, let
         running handlers (and async messages) finish until ``timeout``, CLS, close.
 
-        Every call returns only once the consumer is fully stopped (True when everything in
-        flight was answered in time), or when its own ``timeout`` passed first (False); later
-        calls return at once. Called from a handler, stop() cannot wait for that handler: it
-        starts the stop and returns False at once; the handler's message is finished (or
-        requeued) as usual when it returns, then the stop completes on its own, and
-        :meth:`run` returns.
+        Every call returns once the consumer is fully stopped (True when everything in flight was
+        answered in time), or when its own ``timeout`` passed first (False). Called from a handler,
+        it starts the stop and returns False at once; the stop completes once that handler returns.
 
         Raises:
             ConfigError: ``timeout`` is not a duration >= 0.
-            Stopped: called in a forked child of the process that started the consumer (its
-                connections are the parent's: nothing is sent on them from here).
+            Stopped: called in a forked child of the process that started the consumer.
         """
         self._lifecycle.check_process()
         deadline = time.monotonic() + to_seconds(timeout, "timeout")
@@ -339,8 +309,7 @@ class Consumer:
         return self._stop_done.is_set() and self._stop_clean
 
     def _on_stopping(self) -> None:
-        """Part of stop()'s first critical section: messages not started yet are requeued
-        from now on, and run() wakes."""
+        """In stop()'s first critical section: requeue what has not started; wake run()."""
         self._pool.stopping = True
         self._lifecycle.request_stop()
 
@@ -405,27 +374,21 @@ class Consumer:
         return self._connections.snapshot()
 
     def wait_connected(self, timeout: float | None = None) -> bool:
-        """Block until at least one nsqd connection is subscribed (cron jobs and tests use
-        this before counting on consumption). Thread-safe.
-
-        Returns:
-            True when connected, False when ``timeout`` seconds passed first.
-        """
+        """Block until at least one nsqd connection is subscribed; False when ``timeout`` seconds
+        passed first."""
         return bool(self._connections.connected.wait(timeout))
 
     # ------------------------------------------------------------------ WorkerPool hooks
 
     def _on_fatal(self, error: BaseException) -> None:
-        """A handler raised SystemExit/KeyboardInterrupt (its message is already requeued):
-        stop gracefully; :meth:`run` re-raises it in the thread that called it."""
+        """A handler raised SystemExit/KeyboardInterrupt (message requeued): stop gracefully."""
         self._lifecycle.set_fatal(error)
         self.log.error("handler raised %r; stopping the consumer", error)
         self.stop()
 
 
 class _Metrics:
-    """A started consumer as nsq_sync.metrics tracks it (:class:`observer.Observed`): a backend
-    enabled now or later reports on its connections and times its handler."""
+    """A started consumer as nsq_sync.metrics tracks it (:class:`observer.Observed`)."""
 
     def __init__(
         self,

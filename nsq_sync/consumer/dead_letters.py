@@ -1,44 +1,13 @@
-"""The consumer's side of a dead-letter topic: publish a given-up message's envelope, and only
-then let it be finished.
-
-:class:`DeadLetterer` is what a :class:`~nsq_sync.consumer.Consumer` made with
-``dead_letter_topic=`` hands its worker pool. For each message given up (``max_attempts`` used,
-or the handler raised :class:`~nsq_sync.errors.DeadLetter`) it:
-
-1. builds the envelope (:mod:`nsq_sync.consumer.envelope`: a JSON line, then the body byte for byte);
-2. publishes it to the dead-letter topic **on the nsqd that delivered the message** (its
-   ``nsqd_address``), through a :class:`~nsq_sync.producer.Producer` of its own per nsqd, made
-   at the first message given up there (a consumer that never gives up opens nothing). The
-   first time on each nsqd, before that publish, it subscribes a plain connection to the
-   durable channel ``dead-letter`` of the dead-letter topic and closes it: the topic and that
-   channel exist before the first envelope, so the envelopes stay there for ``nsq-sync
-   dead-letter list/replay`` even if another channel (``nsq_tail``'s) is added later;
-3. answers True when nsqd acknowledged the publish (the pool then runs ``giving_up`` and
-   finishes the message). Anything else -- nsqd down, refused, a timeout, an outcome unknown --
-   requeues the message with the consumer's delay policy (at least :data:`RETRY_MIN` seconds)
-   and backoff, never finishes it, and logs an ERROR with the message id: nsqd delivers it
-   again later, and it is given up (and dead-lettered) again then.
-
-Why the message's own nsqd: its FIN goes there too, so a dead-letter publish succeeds only where
-the FIN can follow. Had it gone to another nsqd while this one is down, the FIN could not be
-sent and nsqd would hand the message out again: one duplicate envelope per outage. With the
-own nsqd down, nothing is published, nothing finished; nsqd keeps the message (it writes the
-in-flight ones to disk when it stops) and delivers it again once it is back.
-
-Too big for nsqd: nsqd refuses a message over its ``--max-msg-size`` (E_BAD_MESSAGE, "message
-too big N > LIMIT") and the client refuses one over ``Config.max_msg_size``. The error message is
-then cut (``error_truncated``) until the envelope fits the smaller of the two limits (nsqd's,
-read from its refusal and remembered per nsqd). When even an empty error message does not fit
-(a body at or next to the limit), the message is requeued with backoff and an ERROR says so
-(id, sizes, limit): raise nsqd's ``--max-msg-size`` and it is dead-lettered at its next delivery
-(each give-up first tries the whole envelope again when the remembered limit is too small).
-The body is never cut.
-
-Duplicates: an envelope whose publish was acknowledged is in the topic even if the FIN after it
-is lost (the connection drops in between): nsqd then delivers the message again and it is
-dead-lettered twice. At least once, as everything in NSQ.
-
+"""The consumer's side of a dead-letter topic (docs/consumer.md has the whole behaviour).
 Thread-safe: workers call it concurrently.
+
+* The envelope goes **to the nsqd that delivered the message**: its FIN goes there too, so a
+  publish succeeds only where the FIN can follow (else an outage means duplicate envelopes).
+* The durable channel ``dead-letter`` is made before the first publish on each nsqd, so
+  ``nsq-sync dead-letter list/replay`` see every envelope.
+* A message is finished only once its envelope was acknowledged; a failed publish (or an
+  envelope too big even without its error message: the body is never cut) requeues it with
+  backoff and logs an ERROR.
 """
 
 from __future__ import annotations
@@ -74,12 +43,8 @@ _TOO_BIG = re.compile(r"too big (\d+) > (\d+)")
 
 
 def check_topic(dead_letter_topic: str | None, topic: str) -> str | None:
-    """The validated dead-letter topic (None: none).
-
-    Raises:
-        InvalidName: a bad topic name.
-        ConfigError: the consumer's own topic (every failure would loop back into it).
-    """
+    """The validated dead-letter topic (None: none). Raises InvalidName for a bad name, and
+    ConfigError for the consumer's own topic (every failure would loop back into it)."""
     if dead_letter_topic is None:
         return None
     name = validate_topic(dead_letter_topic)
@@ -90,15 +55,8 @@ def check_topic(dead_letter_topic: str | None, topic: str) -> str | None:
 
 class DeadLetterer:
     """Publishes the envelopes of one consumer's given-up messages (see the module docstring).
-
-    Args:
-        topic: the dead-letter topic (validated).
-        source_topic, source_channel: what the consumer consumes (written in each envelope).
-        config: the consumer's Config (TLS, auth, timeouts, ``max_msg_size``).
-        runtime: the consumer's runtime.
-        log: the consumer's logger.
-        on_dead_lettered: called after each acknowledged publish (counts it).
-    """
+    ``source_topic``/``source_channel`` are written in each envelope; ``on_dead_lettered`` is
+    called after each acknowledged publish."""
 
     def __init__(
         self,
@@ -125,9 +83,9 @@ class DeadLetterer:
         self._closed = False
 
     def __call__(self, message: Message, error: BaseException | None) -> bool:
-        """Publish ``message``'s envelope: True when nsqd acknowledged it (the caller finishes
-        the message); False when it was requeued with backoff instead (logged). Never raises
-        an Exception."""
+        """Publish ``message``'s envelope: True when nsqd acknowledged it (the caller finishes the
+        message); False when it was requeued with backoff instead (logged). Never raises an
+        Exception."""
         info = error_of(error) if error is not None else self._recall(message.id)
         address = message.nsqd_address
         try:
@@ -201,8 +159,7 @@ class DeadLetterer:
         producer.publish(self.topic, envelope)
 
     def _make_channel(self, address: str) -> None:
-        """SUB to the durable dead-letter channel, then close: nsqd creates the topic and the
-        channel (and keeps the channel: it is not ephemeral)."""
+        """SUB to the durable dead-letter channel and close: nsqd makes the topic and channel."""
         conn = NsqdConnection(address, self.config, runtime=self.runtime)
         try:
             conn.connect(self.config.publish_timeout)

@@ -1,28 +1,10 @@
 """Discovery: the task that finds nsqds (lookupd polling with jitter) and (re)connects them.
 
-One discovery task per consumer (``nsq_sync-discovery-<topic>/<channel>``) decides which nsqds
-the consumer should be connected to (the direct ``nsqd_tcp_addresses`` plus whatever the
-lookupds list for the topic) and keeps it so:
-
-* every lookupd is queried at once, in parallel, each on its own task
-  (``nsq_sync-discovery-query-<url>``, through :class:`~nsq_sync.http.lookupd.LookupdClient`) with
-  ``lookupd_http_timeout``; discovery never waits for them (a query's answer wakes it), so a
-  dead or hanging lookupd never holds up the others, the direct nsqds, reconnects or ``stop()``;
-  results merge by ``broadcast_address:tcp_port``;
-* the next poll comes ``lookupd_poll_interval`` later, with random jitter of up to
-  ``lookupd_poll_jitter`` of the interval (either way) on *every* poll, so a fleet of consumers
-  does not hit the lookupds in lockstep;
-* an nsqd that is not connected is dialled as soon as its reconnect backoff allows (exponential
-  with jitter, capped at ``reconnect_backoff_max``); a dropped connection makes the next lookupd
-  query come soon (at most once a second);
-* lookupd only ever *adds* nsqds (as go-nsq): an error, a 404 ``TOPIC_NOT_FOUND`` or an empty
-  answer never closes a live connection (a restarted nsqlookupd answers 404 until every nsqd
-  re-registered, up to nsqd's 15 s ping later). An nsqd goes away when its connection closes;
-  it is then reconnected if it is a direct address or the latest lookupd answer lists it.
-
-The task sleeps on an event between deadlines: an idle consumer does not poll anything. Time
-comes from an injected clock and the lookupd query from an injected function, so the rules are
-unit-tested without servers or sleeps (tests/unit/test_discovery.py).
+* Lookupds are queried in parallel, each on its own task, and never waited for (an answer wakes
+  the task): a hanging lookupd never holds up the others, reconnects or ``stop()``.
+* lookupd only ever *adds* nsqds: an error, a 404 or an empty answer never closes a live
+  connection (a restarted nsqlookupd answers 404 until every nsqd re-registered). A closed
+  connection is redialled (with backoff) if it is direct or the latest lookupd answer lists it.
 """
 
 from __future__ import annotations
@@ -52,25 +34,10 @@ def lookup_topic(url: str, topic: str, timeout: float) -> set[str]:
 
 
 class Discovery:
-    """Keeps a consumer connected to the nsqds it should consume from. Its public methods are
-    thread-safe (flags + an event).
-
-    Args:
-        topic: what to look up.
-        direct: nsqd TCP addresses to stay connected to whatever lookupd says.
-        lookupds: lookupd HTTP addresses to poll.
-        poll_interval, poll_jitter, http_timeout: ``lookupd_poll_interval``,
-            ``lookupd_poll_jitter``, ``lookupd_http_timeout``.
-        reconnect_max: the longest reconnect backoff, seconds.
-        runtime: spawns the task and the queries; its events put the task to sleep.
-        connected: the addresses connected now.
-        connect: starts dialling an address (returns at once; the result comes back through
-            :meth:`connect_succeeded` / :meth:`connect_failed`).
-        log: the consumer's logger.
-        rng: jitter.
-        clock: monotonic seconds.
-        lookup: the lookupd query (default :func:`lookup_topic`).
-    """
+    """Keeps a consumer connected to the nsqds it should consume from; its public methods are
+    thread-safe (flags + an event). ``direct``: nsqds to stay connected to whatever lookupd says;
+    ``connect(address)`` starts a dial, whose result comes back through
+    :meth:`connect_succeeded` / :meth:`connect_failed`."""
 
     def __init__(
         self,
@@ -131,8 +98,7 @@ class Discovery:
         self._task = self.runtime.spawn(self._run, name=f"nsq_sync-discovery-{name}")
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the task. It never waits on a lookupd query (those end on their own within
-        ``lookupd_http_timeout``), so this returns as soon as the task saw the flag."""
+        """Stop the task and join it (it never waits on a lookupd query)."""
         self._stopped = True
         self._wakeup.set()
         if self._task is not None and not self.runtime.is_current(self._task):
@@ -143,20 +109,17 @@ class Discovery:
         self._stopped = True
 
     def knows_no_nsqd(self) -> bool:
-        """True when there is no direct address and lookupd answered that no nsqd carries the
-        topic."""
+        """True when there is no direct address and lookupd answered that no nsqd has the topic."""
         return not self.direct and self.answered and not self.discovered
 
     def connect_succeeded(self, address: str) -> None:
-        """Subscribed. The failure count stays until the connection proves useful (see
-        :meth:`connection_lost`): an nsqd that accepts and closes right after SUB would
-        otherwise be redialled at the shortest backoff, ~10 times a second, forever."""
+        """Subscribed. The failure count stays until the connection proves useful, so an nsqd that
+        closes right after SUB is not redialled at the shortest backoff for ever."""
         self.connecting.discard(address)
         self.retry_at.pop(address, None)
 
     def connect_failed(self, address: str, permanent: bool = False) -> None:
-        """A dial or handshake failed. ``permanent`` (a configuration error that a retry would
-        repeat: TLS, AUTH, an option nsqd rejects, an HTTP port) waits ``reconnect_max``."""
+        """A dial or handshake failed; a ``permanent`` failure waits ``reconnect_max``."""
         self.connecting.discard(address)
         if permanent:
             self.failures[address] = self.failures.get(address, 0) + 1
@@ -166,10 +129,8 @@ class Discovery:
         self._wakeup.set()
 
     def connection_lost(self, address: str, useful: bool = True) -> None:
-        """A live connection dropped: reconnect after a short backoff (a direct address, or one
-        the latest lookupd answer lists), re-query lookupd soon. ``useful`` (it delivered a
-        message or lived past a heartbeat interval) starts the backoff afresh; otherwise the
-        backoff keeps growing from the earlier failures."""
+        """A live connection dropped: redial after a backoff, re-query lookupd soon. ``useful`` (it
+        delivered or outlived a heartbeat) starts the backoff afresh."""
         if useful:
             self.failures[address] = 0
         self._schedule_retry(address)
@@ -202,9 +163,8 @@ class Discovery:
             self._wakeup.clear()
 
     def step(self) -> float | None:
-        """One pass of the task: merge the lookupd answers that arrived, start a query round
-        when one is due, dial every wanted nsqd whose backoff allows. Returns the seconds until
-        the next thing to do (None: nothing until woken)."""
+        """One pass: merge lookupd answers, start a query round when due, dial the wanted nsqds
+        whose backoff allows. Returns the seconds until the next pass (None: when woken)."""
         self._collect_answers()
         now = self.clock()
         if self.lookupds and self._round_deadline is None and now >= self.next_poll:
@@ -233,7 +193,7 @@ class Discovery:
         return max(0.0, min(deadlines) - self.clock())
 
     def _start_round(self) -> None:
-        """Query every lookupd in parallel, each on its own task; answers wake the task."""
+        """Query every lookupd in parallel, each on its own task."""
         self._round += 1
         self._round_deadline = self.clock() + self.http_timeout * 2 + 1.0
         self._round_found = set()
@@ -253,10 +213,7 @@ class Discovery:
         self._wakeup.set()
 
     def _collect_answers(self) -> None:
-        """Merge the answers that arrived; end the round when all did or its deadline passed.
-
-        A round in which no lookupd answered keeps what we knew. Whatever the answer, nothing
-        connected is closed: lookupd only adds nsqds."""
+        """Merge the answers that arrived; end the round when all did or its deadline passed."""
         while self._answers:
             round_, url, addresses, error = self._answers.popleft()
             if round_ != self._round or self._round_deadline is None:

@@ -1,26 +1,8 @@
-"""The dead-letter envelope, format version 1: what a dead-letter message's body holds.
+"""The dead-letter envelope, format version 1 (docs/consumer.md documents it for readers).
 
-    {"nsq_sync_dead_letter":1,"topic":"orders","channel":"billing","id":"0a1b...",...}\\n<body>
-
-One line of UTF-8 JSON (no raw newline: JSON escapes them), the byte ``\\n``, then the original
-body byte for byte. Any reader can take it apart: split at the first ``\\n``, parse the JSON,
-keep the rest as the body (``nsq_tail`` prints it as it is; a Spark job splits the binary
-column). The keys:
-
-* ``nsq_sync_dead_letter``: the format version, 1. It changes only if an existing key changes
-  meaning; keys may be added without a new version (readers ignore keys they do not know).
-* ``topic``, ``channel``: where the message was consumed; ``id``: its nsqd message id (16 ASCII
-  characters); ``attempts``: deliveries, the last included; ``timestamp``: when nsqd first
-  received it, nanoseconds since the epoch (nsqd's own).
-* ``dead_lettered_at``: seconds since the epoch (float) when the consumer published the envelope.
-* ``error``: ``{"type": "module.Class", "message": "..."}`` of the handler's last exception
-  (``message`` at most :data:`ERROR_MESSAGE_MAX` characters), or ``null`` when ``max_attempts``
-  was reached without one known to this process.
-* ``error_truncated``: true when ``error.message`` was cut further to keep the envelope within
-  nsqd's ``--max-msg-size`` (the body is never cut).
-* ``host``, ``pid``: the consumer process that dead-lettered it.
-
-Pure functions (no I/O); thread-safe.
+One line of UTF-8 JSON (no raw newline), the byte ``\\n``, then the original body byte for byte.
+The version (key ``nsq_sync_dead_letter``) changes only if an existing key changes meaning;
+keys may be added (readers ignore keys they do not know). Pure functions; thread-safe.
 """
 
 from __future__ import annotations
@@ -51,7 +33,7 @@ ErrorInfo = tuple[str, str]
 
 @dataclass(frozen=True)
 class DeadLetterRecord:
-    """A parsed dead-letter envelope (see :mod:`nsq_sync.dead_letter` for the keys).
+    """A parsed dead-letter envelope.
 
     Attributes:
         topic, channel: where the message was consumed.
@@ -80,7 +62,7 @@ class DeadLetterRecord:
 
     @property
     def error(self) -> str:
-        """``"Type: message"`` (empty when no error is known): what ``--where`` searches."""
+        """What ``--where`` searches, as ``"Type: message"`` (empty when no error is known)."""
         if self.error_type is None:
             return ""
         return f"{self.error_type}: {self.error_message or ''}"
@@ -136,9 +118,8 @@ def encode(
     now: float,
     limit: int | None = None,
 ) -> bytes | None:
-    """The envelope of ``message``, at most ``limit`` bytes when given: the error message is cut
-    (``error_truncated``) to fit. None when even an empty error message does not fit (the body
-    alone is at or near the limit): the body is never cut."""
+    """The envelope of ``message``, at most ``limit`` bytes when given (the error message is cut
+    to fit, ``error_truncated``); None when even no error message fits: the body is never cut."""
     data = _header(message, topic, channel, error, now, False) + message.body
     if limit is None or len(data) <= limit:
         return data

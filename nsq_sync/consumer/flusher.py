@@ -1,18 +1,6 @@
-"""The flusher task: writes what workers left buffered, in batches.
-
-Two kinds of work reach it:
-
-* FIN/REQ/TOUCH commands answered outside the batch path (``message.finish()`` called by the
-  handler or from another thread) only join their connection's write buffer
-  (:meth:`~nsq_sync.wire.connection.NsqdConnection.buffer`); :meth:`Flusher.schedule` wakes
-  the flusher, which writes every buffered connection in one system call each. While it writes,
-  others keep appending, so under load each call carries many commands.
-* FINs the workers hold back for a batch (:attr:`~nsq_sync.consumer.workers.WorkerPool.held`):
-  workers write them when a batch is full or when they run out of messages; :meth:`Flusher.watch`
-  makes the flusher write them after ``hold`` seconds if no worker did (a long handler must not
-  hold back the FINs of the messages before it).
-
-An idle consumer's flusher sleeps on its event: no polling.
+"""The flusher task: writes the FINs and REQs buffered outside a worker's batch
+(:meth:`Flusher.schedule`: each connection in one system call), and the FINs workers hold when
+no worker wrote them within ``hold`` seconds (:meth:`Flusher.watch`). Idle, it sleeps.
 """
 
 from __future__ import annotations
@@ -34,13 +22,8 @@ class HeldAnswers(Protocol):
 
 
 class Flusher:
-    """One per consumer. ``schedule`` and ``watch`` are thread-safe.
-
-    Args:
-        runtime: threads or gevent.
-        log: logger.
-        hold: longest time held FINs wait for a worker before the flusher writes them, seconds.
-    """
+    """One per consumer. ``schedule`` and ``watch`` are thread-safe. ``hold``: the longest held
+    FINs wait for a worker, in seconds."""
 
     def __init__(
         self,
@@ -96,8 +79,8 @@ class Flusher:
             self.step()
 
     def step(self) -> None:
-        """One round of the task: sleep until woken (or ``hold`` seconds while watching held
-        FINs), then write every buffered connection, and the held FINs when watching."""
+        """One round: sleep until woken (or ``hold`` seconds while watching), then write every
+        buffered connection, and the held FINs when watching."""
         watching = self.watching
         self._wakeup.wait(self.hold if watching else None)
         self._wakeup.clear()

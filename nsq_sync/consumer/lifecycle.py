@@ -1,11 +1,6 @@
-"""A consumer's lifecycle state, and what ``run()`` needs of a consumer: :class:`Lifecycle`.
-
-One per Consumer, made once: it outlives the parts, which ``runtime="auto"`` may build again at
-``start()`` (:meth:`Lifecycle.attach` moves its state onto the new ones). It holds the process
-the consumer started in, the stop request that wakes ``run()``, and the SystemExit or
-KeyboardInterrupt a handler raised; it is the :class:`~nsq_sync.consumer.running.RunControl`
-that :func:`~nsq_sync.consumer.running.run_to_end` drives. What is built on a Consumer
-(BatchConsumer, dead_letter's reading) gets it as ``ConsumerParts.control``. Thread-safe.
+"""A consumer's lifecycle and run control (:class:`Lifecycle`): the process it started in, the
+stop request that wakes ``run()``, a handler's fatal error. It outlives the parts, which
+``runtime="auto"`` may rebuild at ``start()`` (:meth:`Lifecycle.attach`). Thread-safe.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ __all__ = ["Lifecycle"]
 
 
 class Lifecycle:
-    """See the module. :meth:`attach` must be called with the consumer's parts before any other
-    method."""
+    """See the module (and RunControl); :meth:`attach` must be called before any other method."""
 
     def __init__(self) -> None:
         self._started_in: process.Stamp | None = None
@@ -45,8 +39,7 @@ class Lifecycle:
         pool: WorkerPool,
         discovery: Discovery,
     ) -> None:
-        """Work with these parts from now on (built at construction, or again at start() on
-        another runtime): the stop request and run()'s gate move onto them."""
+        """Work with these parts from now on: the stop request and run()'s gate move onto them."""
         requested = self._stop_requested is not None and self._stop_requested.is_set()
         self._stop_requested = runtime.event()
         if requested:  # a signal run() caught before start() rebuilt the parts
@@ -61,8 +54,8 @@ class Lifecycle:
         self._started_in = process.Stamp()
 
     def check_process(self) -> None:
-        """Raise Stopped in a forked child of the process that started the consumer: its threads
-        and connections stay in the parent. Takes no lock (one may be held since the fork)."""
+        """Raise Stopped in a forked child of the process that started the consumer. Takes no lock
+        (one may be held since the fork)."""
         started_in = self._started_in
         if started_in is None or started_in.is_current():
             return
@@ -86,43 +79,34 @@ class Lifecycle:
     # ------------------------------------------------------------------ RunControl
 
     def set_admit(self, admit: Callable[[Message], bool] | None) -> None:
-        """Call ``admit(message)`` before each message is handled; False requeues it at once."""
         self._admit = admit
         assert self._pool is not None
         self._pool.admit = admit
 
     def set_budget(self, deliveries: int) -> None:
-        """Let nsqd deliver at most ``deliveries`` more messages (those queued for the workers
-        are among them)."""
+        """Let nsqd deliver at most ``deliveries`` more messages (those queued count)."""
         assert self._connections is not None and self._pool is not None
         self._connections.set_budget(max(0, deliveries - self._pool.queued()))
 
     def pause(self) -> None:
-        """Receive nothing more (RDY 0 everywhere)."""
         assert self._connections is not None
         self._connections.set_max_in_flight(0)
 
     def credit(self) -> tuple[int, int, int]:
-        """(messages nsqds may still send, messages in flight, messages received so far)."""
         assert self._connections is not None
         return self._connections.credit()
 
     def nothing_to_consume(self) -> bool:
         """True when there is no nsqd to consume from: no direct address, none connected, and
-        lookupd answered that no nsqd carries the topic (unlike reconnecting, nothing will
-        arrive)."""
+        lookupd answered that none carries the topic."""
         assert self._connections is not None and self._discovery is not None
         return not self._connections.addresses() and self._discovery.knows_no_nsqd()
 
     def end_run(self) -> None:
-        """Make the run end now (it then stops gracefully); safe in a signal handler."""
         self._stop_requested.set()
 
     def wait_stopping(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever) for a stop request; True once it
-        came."""
         return bool(self._stop_requested.wait(timeout))
 
     def fatal_error(self) -> BaseException | None:
-        """The SystemExit or KeyboardInterrupt a handler raised (run() re-raises it), or None."""
         return self._fatal

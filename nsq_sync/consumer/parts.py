@@ -1,10 +1,5 @@
-"""A consumer's parts as one value, for what is built on top of a Consumer (BatchConsumer,
-dead_letter's reading).
-
-A handler that subclasses :class:`PartsUser` is given the consumer's :class:`ConsumerParts`
-whenever the consumer builds them, so it composes them (finishes through the responder, gives
-up through the pool, reads the credit, runs the consumer to an end through its control)
-instead of copying the consumer's code or reaching into it. Internal.
+"""A consumer's parts as one value, for what is built on a Consumer (BatchConsumer, dead_letter):
+a :class:`PartsUser` handler composes them instead of reaching into the consumer. Internal.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ class ConsumerParts:
 
 
 class PartsUser:
-    """Base class of a handler that works with the consumer's parts. The consumer calls
-    :meth:`attach` whenever it builds them: at construction, and again at ``start()`` when
-    ``runtime="auto"`` decided on another runtime."""
+    """A handler that works with the consumer's parts: :meth:`attach` is called whenever the
+    consumer builds them (again at ``start()`` when ``runtime="auto"`` picked another runtime)."""
 
     __slots__ = ()
 
@@ -49,5 +43,5 @@ class PartsUser:
         raise NotImplementedError
 
     def observe(self, observer: ConsumerObserver | None) -> None:
-        """Metrics were turned on (or off): time and trace the user's handler through
-        ``observer.wrap_handler``. Default: nothing."""
+        """Metrics were turned on (or off): wrap the user's handler with ``observer.wrap_handler``.
+        Default: nothing."""

@@ -1,15 +1,6 @@
-"""The consumer's responder: FIN, REQ and TOUCH, and their bookkeeping.
-
-Every :class:`~nsq_sync.message.Message` a consumer hands out answers through its one
-:class:`ConsumerResponder` (the :class:`~nsq_sync.message.Responder` protocol). The connection
-set counts each answer and takes its step for the RDY manager
-(:meth:`~nsq_sync.consumer.connections.ConnectionSet.answered`); the command then leaves:
-
-* a worker's batch of FINs (:meth:`ConsumerResponder.finish_many`) is written by the worker
-  itself, one system call per connection;
-* any other answer (``message.finish()`` from a handler or another thread, a REQ, a TOUCH)
-  joins its connection's write buffer, and the flusher task writes buffered connections in
-  batches.
+"""The consumer's responder: FIN, REQ and TOUCH. A FIN or REQ is counted (and its RDY step taken)
+before it is written: a batch of FINs by the calling task, one write per connection; any other
+through its connection's write buffer, by the flusher. A TOUCH is written at once.
 """
 
 from __future__ import annotations
@@ -32,14 +23,7 @@ _conn_of = operator.attrgetter("connection")
 
 
 class ConsumerResponder:
-    """Answers a consumer's messages. Thread-safe (workers and application threads call it).
-
-    Args:
-        connections: the consumer's connections (they count answers and move credit).
-        flusher: writes buffered answers.
-        config: requeue delays.
-        log: the consumer's logger.
-    """
+    """Answers a consumer's messages. Thread-safe (workers and application threads call it)."""
 
     def __init__(
         self,
@@ -60,14 +44,9 @@ class ConsumerResponder:
             self._write(conn, commands.fin(message.id), "finished", 1, now=False)
 
     def finish_many(self, messages: list[Message]) -> None:
-        """FIN messages already claimed (a worker's batch of handled messages, a batch
-        handler's messages), one write per connection.
-
-        Outside backoff a FIN changes only counts, so a batch is counted in one step and its
-        commands go out in one system call, written by the calling task itself (no hand-off to
-        the flusher). In backoff every FIN is a step for the RDY manager: one by one, as
-        :meth:`finish`.
-        """
+        """FIN claimed messages from the calling task, one write per connection. A batch is counted
+        in one step unless that changes RDY (backoff, scarce credit, a run's budget): then one by
+        one, as :meth:`finish`."""
         by_conn: dict[NsqdConnection | None, list[Message]]
         origins = set(map(_conn_of, messages))
         if len(origins) == 1:  # the common case: all from one nsqd (no Python loop to group)
@@ -109,8 +88,7 @@ class ConsumerResponder:
             self.connections.send(conn, commands.touch(message.id))
 
     def _write(self, conn: NsqdConnection, data: bytes, what: str, n: int, now: bool) -> None:
-        """Send ``n`` answers' commands: ``now`` writes them from this task (a worker's batch),
-        otherwise they join the connection's write buffer for the flusher."""
+        """Send ``n`` answers' commands: from this task when ``now``, else via the flusher."""
         try:
             first = conn.buffer(data)  # True: the buffer was empty
             if now:

@@ -1,12 +1,9 @@
 """Running a consumer to an end: ``Consumer.run(timeout=, idle_timeout=, max_messages=)``.
 
-Cron jobs and scripts drain what is there and exit with a status that says whether it all went
-well. :func:`run_to_end` starts what it runs (a ``Runnable``: a Consumer or a
-BatchConsumer), waits for one of the ends listed in :meth:`Consumer.run
-<nsq_sync.consumer.Consumer.run>`, stops it gracefully and returns a :class:`RunSummary`.
-
-Idleness is judged by polling the consumer's state every ``POLL`` seconds (or a tenth of
-``idle_timeout`` if that is shorter), so ends come at most that late.
+:func:`run_to_end` starts a Consumer or BatchConsumer, waits for one of the ends listed in
+:meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`, stops it gracefully and returns a
+:class:`RunSummary`. The state is polled every ``POLL`` seconds (or a tenth of
+``idle_timeout``), so the idle and max_messages ends come at most that late.
 """
 
 from __future__ import annotations
@@ -38,20 +35,18 @@ class RunSummary:
     """What one :meth:`~nsq_sync.consumer.Consumer.run` did.
 
     Attributes:
-        handled: messages handled during the run: handler calls started, and messages given up
-            without one (a BatchConsumer: messages put in batches).
+        handled: handler calls started, and messages given up without one (a BatchConsumer:
+            messages put in batches).
         finished: messages finished (FIN) during the run.
-        requeued: REQs sent during the run: after failures, by ``message.requeue()``, and the
-            messages handed back at the end.
+        requeued: REQs sent during the run (after failures, by ``message.requeue()``, at the end).
         failed: handler calls that raised (:class:`~nsq_sync.errors.RequeueMessage` aside; a
             BatchConsumer counts every message of a batch whose handler raised).
-        gave_up: messages handed to the give-up handler (``max_attempts`` used up, or
+        gave_up: messages given up (``max_attempts`` used up, or
             :class:`~nsq_sync.errors.DeadLetter` raised).
         elapsed: seconds the run took, the graceful stop included.
         reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
             ``"max_messages"`` (see :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`).
-        dead_lettered: messages given up and published to the dead-letter topic (also in
-            ``gave_up``).
+        dead_lettered: messages published to the dead-letter topic (also in ``gave_up``).
     """
 
     handled: int
@@ -71,10 +66,9 @@ class RunSummary:
     @property
     def exit_status(self) -> int:
         """The exit status of a command that ran this consumer (``nsq-sync tail``/``drain``,
-        ``manage.py nsq_consume``, ``flask nsq consume``): 0 after a graceful stop (SIGTERM,
-        SIGINT or ``stop()``: a deploy stopping a worker is success, whatever failed and was
-        requeued before), otherwise 0 when :attr:`ok` and 1 when handlers failed or gave up (a
-        run ended by ``idle_timeout``, ``max_messages`` or ``timeout``, so cron can alert)."""
+        ``manage.py nsq_consume``, ``flask nsq consume``): 0 after a graceful stop (SIGTERM, SIGINT
+        or ``stop()``: a deploy stopping a worker is success) or when :attr:`ok`, else 1 (handlers
+        failed or gave up: cron can alert)."""
         return 0 if self.reason in ("signal", "stopped") or self.ok else 1
 
 
@@ -96,20 +90,19 @@ class Runnable(Protocol):
 
 
 class RunControl(Protocol):
-    """What :func:`run_to_end` needs of a consumer besides its public face: the consumer's
-    :class:`~nsq_sync.consumer.lifecycle.Lifecycle` (``ConsumerParts.control``)."""
+    """What :func:`run_to_end` needs of a consumer besides its public face (its Lifecycle)."""
 
     def check_process(self) -> None:
-        """Raise Stopped in a forked child of the process that started it (before any lock)."""
+        """Raise Stopped in a forked child of the process that started it (takes no lock)."""
 
     def set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         """Call ``admit(message)`` before each message is handled; False requeues it at once."""
 
     def set_budget(self, deliveries: int) -> None:
-        """Let nsqd deliver at most ``deliveries`` more messages (what ``max_messages`` leaves)."""
+        """Let nsqd deliver at most ``deliveries`` more messages."""
 
     def pause(self) -> None:
-        """Receive nothing more (RDY 0 everywhere): ``max_messages`` was reached."""
+        """Receive nothing more (RDY 0 everywhere)."""
 
     def credit(self) -> tuple[int, int, int]:
         """(messages nsqds may still send, messages in flight, messages received so far)."""
@@ -123,8 +116,7 @@ class RunControl(Protocol):
         """Make the run end now (it then stops gracefully); safe in a signal handler."""
 
     def wait_stopping(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever) for stop() or :meth:`end_run`;
-        True once either came."""
+        """Wait up to ``timeout`` seconds (None: for ever) for stop() or end_run(); True if so."""
         ...
 
     def fatal_error(self) -> BaseException | None:
@@ -133,13 +125,8 @@ class RunControl(Protocol):
 
 
 class _Admission:
-    """Counts messages handled (lock-free: ``next()`` on an itertools.count is atomic) and
-    refuses every one after the first ``limit``.
-
-    The call that takes the last place pauses the consumer (RDY 0) at once: the messages refused
-    after it are requeued with no delay, and an nsqd that still had credit would hand them
-    straight back, again and again, each time one attempt more.
-    """
+    """Admits the first ``limit`` messages (lock-free: ``next()`` on a count is atomic). Taking
+    the last place pauses the consumer, else nsqd hands each refused message straight back."""
 
     def __init__(self, limit: int | None, on_reached: Callable[[], object]) -> None:
         self.limit = limit
@@ -171,21 +158,9 @@ def run_to_end(
     max_messages: Any = None,
     stop: Callable[[], object] | None = None,
 ) -> RunSummary:
-    """Start ``runnable``, block until an end (listed in :meth:`Consumer.run
-    <nsq_sync.consumer.Consumer.run>`), stop it gracefully.
-
-    Args:
-        runnable: what runs (a Consumer or a BatchConsumer).
-        control: its consumer's run control (``ConsumerParts.control``).
-        timeout, idle_timeout: seconds (or timedelta) > 0, or None for no such end.
-        max_messages: handler calls, or None.
-        stop: what stops it at the end (default: ``runnable.stop``).
-
-    Raises:
-        Stopped: in a forked child of the process that started ``runnable`` (before anything).
-        ConfigError: a bad ``timeout``, ``idle_timeout`` or ``max_messages`` (before starting).
-        SystemExit, KeyboardInterrupt: a handler raised it (after the graceful stop).
-    """
+    """Start ``runnable``, block until an end, stop it gracefully (``stop``, default
+    ``runnable.stop``) and return the summary. Takes and raises what :meth:`Consumer.run
+    <nsq_sync.consumer.Consumer.run>` does; ``control``: ``ConsumerParts.control``."""
     control.check_process()  # first: a lock a parent's thread held at the fork stays held
     run_for = positive_seconds("timeout", timeout)
     idle_for = positive_seconds("idle_timeout", idle_timeout)

@@ -1,37 +1,24 @@
 """The dispatch queue and worker pool: runs handlers, answers for them, enforces max_attempts.
 
-Reader tasks hand over each read's messages at once (:meth:`WorkerPool.submit_many`): they join
-one deque, and one wake-up token per worker that may be needed goes on the queue. A worker that
-takes a token runs handlers until the deque is empty, so a busy pool costs one queue round trip
-per batch rather than per message, while idle workers still share a batch. For each message the
-worker calls ``handler(message)``:
+For each message a worker calls ``handler(message)``:
 
 * the handler returns → FIN (unless it called ``message.enable_async()`` or already answered);
 * it raises :class:`~nsq_sync.errors.RequeueMessage` → REQ with the delay and backoff it chose;
 * it raises anything else → the error is logged with its traceback and the message is requeued
   with ``default_requeue_delay * attempts`` (capped at ``max_requeue_delay``) and counts as a
-  failure for backoff — unless this was attempt ``max_attempts``, or the error is
-  :class:`~nsq_sync.errors.DeadLetter`: then the message is given up (see ``WorkerPool.give_up``);
+  failure for backoff, unless this was attempt ``max_attempts`` or the error is
+  :class:`~nsq_sync.errors.DeadLetter`: then it is given up (``giving_up``, then FIN);
 * it raises SystemExit or KeyboardInterrupt → the message is requeued at once (no backoff) and
-  ``on_fatal`` is told (the consumer stops gracefully and ``run()`` re-raises it); the worker
-  goes on answering until it is stopped.
+  the consumer stops gracefully (``run()`` re-raises it).
 
 The handler does not run for a message whose connection closed before it started (skipped:
 nsqd redelivers it), one taken once the consumer is stopping or refused by ``run()``'s gate
-(requeued at once, no delay), or one delivered with ``attempts > max_attempts`` (max_attempts
-lowered, or requeued explicitly by the application: it goes straight to the give-up handler).
+(requeued at once), or one delivered with ``attempts > max_attempts`` (given up at once).
 Nothing is discarded silently: every message is finished, requeued, or given up (and logged).
 
-Messages whose handler returned are finished in batches (``finish_many``): workers put them on
-one deque of held FINs and write it out when it holds ``FIN_BATCH`` messages or when they run out of
-messages, so a busy consumer writes many FINs per system call. The ``backstop`` (the consumer's
-flusher) is armed whenever a handler starts while FINs are held, and writes them out within
-``FIN_HOLD`` seconds if no worker did: a handler that runs long never holds back the FINs of the
-messages before it. A consumer that is not busy writes each FIN as soon as its handler returns.
-
-A BatchConsumer's pool runs no handler: its worker hands the messages that pass the same checks
-(not stale, not refused, not past max_attempts) to the open batch a list at a time
-(``WorkerPool.collect``), and the batch answers them.
+FINs are held and written in batches; the flusher writes them within ``FIN_HOLD`` seconds when
+a long handler keeps the workers busy. The queues are deques (atomic append and popleft), so
+workers share them without a lock.
 """
 
 from __future__ import annotations
@@ -60,8 +47,7 @@ FIN_HOLD = 0.002
 
 
 class Backstop(Protocol):
-    """Writes held FINs within ``FIN_HOLD`` seconds when no worker does (the consumer's
-    :class:`~nsq_sync.consumer.flusher.Flusher`)."""
+    """Writes held FINs within ``FIN_HOLD`` seconds when no worker does (the flusher)."""
 
     #: True while armed. Workers read it before every handler that starts while FINs are held
     #: and call :meth:`watch` only when it is False: an attribute read per message, not a call.
@@ -72,7 +58,7 @@ class Backstop(Protocol):
 
 
 class DeadLetterHook(Protocol):
-    """Publishes given-up messages to the dead-letter topic (nsq_sync.consumer.dead_letters)."""
+    """Publishes given-up messages to the dead-letter topic (consumer/dead_letters.py)."""
 
     def __call__(self, message: Message, error: BaseException | None) -> bool:
         """True when nsqd acknowledged the envelope; False when the message was requeued
@@ -93,11 +79,8 @@ def log_giving_up(message: Message, logger: logging.Logger | logging.LoggerAdapt
 
 
 def ends_task(exc: BaseException) -> bool:
-    """True for what ends the task it is raised in rather than failing one message:
-    SystemExit and KeyboardInterrupt (the consumer stops; run() re-raises them) and gevent's
-    GreenletExit (the greenlet is being killed, e.g. in a forked child). Anything else a
-    handler raises (an Exception, a gevent.Timeout, any other BaseException) fails that
-    message only: it is requeued or given up, and the worker goes on."""
+    """True for what ends the task it is raised in rather than failing one message: SystemExit,
+    KeyboardInterrupt (the consumer stops; run() re-raises them) and gevent's GreenletExit."""
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return True
     greenlet = sys.modules.get("greenlet")  # (never imported here: gevent's, if loaded)
@@ -105,8 +88,7 @@ def ends_task(exc: BaseException) -> bool:
 
 
 def _take_all(queue: deque[Message]) -> list[Message]:
-    """Pop every message of ``queue``, oldest first. Each is taken exactly once, however many
-    tasks take at once (popleft is atomic)."""
+    """Pop every message of ``queue``, oldest first; each is taken once (popleft is atomic)."""
     popleft = queue.popleft
     taken: list[Message] = []
     while True:
@@ -117,8 +99,7 @@ def _take_all(queue: deque[Message]) -> list[Message]:
 
 
 def _requeue_unanswered(messages: list[Message]) -> None:
-    """Requeue at once (no delay, no backoff: not the messages' fault) each one still
-    unanswered."""
+    """Requeue each message still unanswered at once (no delay, no backoff)."""
     for message in messages:
         if not message.has_responded:
             message.requeue(0.0, backoff=False)
@@ -129,26 +110,12 @@ class WorkerPool:
     thread-safe.
 
     Args:
-        runtime: threads or gevent.
-        handler: the user's message handler.
-        concurrency: number of workers.
         max_attempts: 0 for unlimited.
-        giving_up: called with a message that used up its attempts (before it is finished).
-        log: logger (a per-subscription adapter).
-        is_stale: True for a message whose connection closed before it started (nsqd
-            redelivers it; running it would only produce a duplicate). Default: its
-            connection is closed.
-        on_skip: called for such a stale message.
-        on_gave_up: called after the give-up handler took a message.
-        on_fatal: called (on the worker) with a SystemExit/KeyboardInterrupt a handler raised,
-            after its message was requeued.
-        on_failed: called when the handler raised (RequeueMessage aside).
-        finish_many: finishes messages whose handler returned (already marked answered), in
-            order; None finishes each with ``message.finish()`` at once.
+        is_stale: True for a message whose connection closed (default): skipped, not handled.
+        finish_many: finishes claimed messages whose handler returned, in order; None
+            finishes each with ``message.finish()`` at once.
         backstop: armed when a worker starts a handler while FINs are held; it must make
-            sure :meth:`flush_held` runs within ``FIN_HOLD`` seconds (workers also call it
-            whenever they run out of messages).
-        dead_letter: publishes a given-up message to the dead-letter topic (None: no topic).
+            sure :meth:`flush_held` runs within ``FIN_HOLD`` seconds.
     """
 
     def __init__(
@@ -204,12 +171,11 @@ class WorkerPool:
             self.add_task(self.runtime.spawn(self._work, name=f"nsq_sync-worker-{name}-{i}"))
 
     def add_task(self, task: Task) -> None:
-        """Count ``task`` among the pool's (BatchConsumer's batch task): :meth:`stop` joins it
-        with the workers, and a ``stop()`` called on it is known to be on a handler's task."""
+        """Count ``task`` among the pool's (BatchConsumer's batch task): :meth:`stop` joins it."""
         self.tasks.append(task)
 
     def flush_held(self) -> None:
-        """Finish every held message (oldest first). Thread-safe: each is taken exactly once."""
+        """Finish every held message (oldest first). Thread-safe."""
         batch = _take_all(self.held)
         if batch and self.finish_many is not None:
             try:
@@ -236,8 +202,8 @@ class WorkerPool:
         return _take_all(self._messages)
 
     def stop(self, timeout: float) -> bool:
-        """Ask the workers to exit after their current message; True if all did in time. Then
-        closes the dead-letter hook's connections."""
+        """Ask the workers to exit after their current message (True if all did in time), then
+        close the dead-letter hook."""
         deadline = time.monotonic() + timeout
         for _ in self.tasks:
             self.queue.put(_STOP)
@@ -285,13 +251,9 @@ class WorkerPool:
             self.flush_held()
 
     def _collect_work(self, collect: Callable[[list[Message]], None]) -> None:
-        """A worker for a handler that only collects (BatchConsumer's): each wake-up, every
-        queued message that passes :meth:`_screen` is marked async (its batch answers it) and
-        goes to ``collect`` in one list, in order; before a message that is past max_attempts,
-        what was admitted so far goes first (its give-up may wait on a dead-letter publish).
-        Per message it costs the checks and an append instead of a handler call. What the
-        checks or ``collect`` raise is handled as in :meth:`_work`; a message taken and not
-        collected is requeued at once, never left in flight."""
+        """A worker that hands screened messages, marked async, to ``collect`` (BatchConsumer's) in
+        order, a list per wake-up; what it admitted goes first when a message past max_attempts is
+        given up (that may wait on a dead-letter publish). None is left in flight."""
         get = self.queue.get
         popleft = self._messages.popleft
         screen = self._screen
@@ -323,9 +285,7 @@ class WorkerPool:
     def _hand_over(
         self, collect: Callable[[list[Message]], None], admitted: list[Message]
     ) -> list[Message]:
-        """``collect(admitted)``, and a new list for the next ones. If it raises, every message
-        of ``admitted`` still unanswered is requeued at once, and the error is handled as a
-        handler's (:meth:`_failed`)."""
+        """``collect(admitted)``; if it raises, requeue what is unanswered and handle the error."""
         try:
             collect(admitted)
         except BaseException as exc:
@@ -334,11 +294,8 @@ class WorkerPool:
         return []
 
     def _failed(self, exc: BaseException, what: object) -> None:
-        """A worker's one step (``what``: a message, or a hand-over) raised ``exc``, after its
-        messages were answered: an Exception is logged and the worker goes on; SystemExit or
-        KeyboardInterrupt goes to ``on_fatal`` (the consumer stops, run() re-raises it);
-        anything else, or either of those without ``on_fatal``, is raised again: it ends the
-        worker. Call it from the ``except`` clause."""
+        """Handle what a worker's step raised (from ``except``): log an Exception; give SystemExit
+        or KeyboardInterrupt to ``on_fatal`` if set; raise anything else (it ends the worker)."""
         if isinstance(exc, Exception):  # never let a worker die silently
             self.log.exception("worker failed while processing %r", what)
         elif isinstance(exc, (SystemExit, KeyboardInterrupt)) and self.on_fatal is not None:
@@ -347,15 +304,13 @@ class WorkerPool:
             raise exc
 
     def _stopped_by(self, message: Message | None) -> None:
-        """Log what ends a worker (call it from the ``except`` clause)."""
+        """Log what ends a worker (from the ``except`` clause)."""
         self.log.error(
             "worker stopped by %r while processing %r", sys.exc_info()[1], message, exc_info=True
         )
 
     def _screen(self, message: Message) -> bool:
-        """True when ``message`` is to be handled; else it was answered here: skipped (its
-        connection closed), requeued (the consumer is stopping, or run()'s gate refused it) or
-        given up (past max_attempts)."""
+        """True when ``message`` is to be handled; else it was skipped, requeued or given up."""
         if self.is_stale(message):
             self.on_skip(message)
             return False
@@ -368,7 +323,7 @@ class WorkerPool:
         return True
 
     def _process(self, message: Message) -> bool:
-        """Run one message; True when it is to be finished by the caller (handler returned)."""
+        """Run one message; True when the caller is to finish it (the handler returned)."""
         if not self._screen(message):
             return False
         try:
@@ -423,24 +378,18 @@ class WorkerPool:
         return 0 < self.max_attempts <= message.attempts
 
     def requeue_or_give_up(self, message: Message, error: BaseException) -> None:
-        """The handler failed on ``message`` (unanswered) with ``error``: give it up after
-        :class:`~nsq_sync.errors.DeadLetter` or on its last attempt, else requeue it with the
-        delay policy and backoff. BatchConsumer calls it for each message of a failed batch."""
+        """The handler failed on ``message``: give it up after :class:`~nsq_sync.errors.DeadLetter`
+        or on its last attempt, else requeue it with the delay policy and backoff."""
         if isinstance(error, DeadLetter) or self._last_attempt(message):
             self.give_up(message, error)
         else:
             message.requeue()
 
     def give_up(self, message: Message, error: BaseException | None = None) -> None:
-        """Hand ``message`` to the give-up handler, then finish it (requeue it if the give-up
-        handler raised: nothing is lost).
-
-        With a dead-letter topic, in this order: publish the envelope (``error``: the handler's
-        exception, None when it had none); then, only once nsqd acknowledged it, the give-up
-        handler; then FIN. A publish that fails requeues the message with backoff instead (no
-        give-up handler, no FIN). A give-up handler that raises after the publish is logged
-        and the message still finished: it is safe in the dead-letter topic, and a requeue
-        would dead-letter it twice."""
+        """Hand ``message`` to the give-up handler, then finish it (requeue it if the handler
+        raised: nothing is lost). With a dead-letter topic, publish the envelope first, and only
+        once nsqd acknowledged it run the handler and FIN (a failed publish requeues with backoff);
+        a handler raising then is logged and the message still finished (no second envelope)."""
         if self.dead_letter is not None:
             self._dead_letter(message, error)
             return

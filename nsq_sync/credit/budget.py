@@ -1,56 +1,17 @@
 """The budget of a ``Consumer.run(max_messages=)``: RDY that lets nsqd deliver no more messages
-than the run will handle.
+than the run will handle (every delivery counts an attempt, even one handed back unhandled).
 
-Why: nsqd counts an attempt at every delivery. Messages delivered beyond ``max_messages`` are
-handed back unhandled, and a message handed back by a few cron runs in a row reached
-``max_attempts`` and was given up without its handler ever seeing it.
+The budget is the answers (FIN or REQ) still wanted. Against it stand the *caps*: per
+connection, an upper bound on what its nsqd may hold in flight (deliveries to come included),
+plus the unanswered messages of closed connections. The rule: the caps never exceed the budget.
+Raising RDY raises a cap at once; lowering it does not (messages may be on their way): the cap
+comes down by one per answer, or *settles* once nothing arrived for ``settle`` seconds (the one
+assumption; docs/cron.md has the limits). Over the budget, credit is cut where that is exact
+first; with no room left, a connection with no credit open gets RDY 0 (a message nsqd times out
+must not free a slot). Idle credit is taken back and rotates until an nsqd with messages has it.
 
-The budget is the number of answers (FIN or REQ) still wanted: the deliveries the run still
-takes plus the messages in flight. Every answer spends one; a message dropped unanswered (its
-connection closed before its handler ran) counts in flight no more, and spends one only if it
-had taken a place of the run (a BatchConsumer's open batch). Against the budget stands what
-the nsqds may still hold in flight, future deliveries included: each connection's ``cap``, an
-upper bound on its nsqd's in-flight count, plus the messages of closed connections still to be
-answered. nsqd sends on a connection while its in-flight count is below the RDY it was last
-told, so:
-
-* raising RDY raises the cap to the new RDY at once;
-* lowering RDY does **not** lower the cap: nsqd may already have sent messages on the old RDY,
-  still on their way. The cap comes down as the connection's messages are answered: an answer
-  whose RDY update (sent before it, on the same connection) leaves RDY at most cap - 1 lowers
-  the cap by one, so the slot it frees is never refilled. A cap left above RDY and in flight is
-  *settled* (brought down to them) once nothing arrived on the connection for ``settle``
-  seconds since the lowering (the consumer uses 1 s plus nsqd's ``output_buffer_timeout``).
-  This is the one assumption: a message nsqd sent before it saw the lower RDY arrives within
-  ``settle``. A slower network or a reader stalled for longer can let one through;
-* credit is cut where that is exact first: what the current event raised (nsqd has not seen
-  it), then the answered connection; only when the caps are over the budget anyway (messages
-  that arrived beyond RDY) is the open credit of the others cut. With no room left, a
-  connection with no credit open gets RDY 0, so that a message nsqd times out (and requeues
-  by itself) does not free a slot it would fill at once (a worker's batch of FINs that would
-  leave no room goes one by one, so this is decided for it too);
-* room in the budget goes to connections below their share by the usual rules: credit taken
-  back from an idle nsqd goes elsewhere first (the longest ago first), otherwise to those that
-  delivered last. Credit an idle connection holds (no message for ``unproductive_after`` while
-  *another* connection is below its share, in flight included: its nsqd may have nothing) is
-  taken back and, once settled, handed on: it rotates until an nsqd with messages has it
-  (about ``settle`` plus ``unproductive_after`` per empty nsqd). Credit settling counts as
-  open (``credit_left``), so ``idle_timeout`` still ends a run whose nsqds are all empty.
-
-So, within that assumption, the caps never exceed the budget and nsqd delivers no more than
-the run wants (``tests/unit/test_rdy_budget.py`` checks it against a model of nsqd with
-messages on their way and reconnects). What the budget cannot see: nsqd timing out a message
-whose handler runs longer than ``msg_timeout`` (without ``touch()``) while the run still has
-room, which frees a slot nsqd may fill; and messages already queued for the workers when
-``run()`` starts on a started consumer, beyond its ``max_messages``.
-
-:class:`Budget` holds these rules and its own state (the answers wanted, each connection's cap);
-the manager holds a :class:`NoBudget` until a run sets one, so its events never ask whether
-there is a budget: it runs every event through its budget (``fit``; ``refill`` and ``answered``
-for the hot ones, messages and answers). The budget changes credit only through the manager's
-named methods (``set_rdy``, ``raise_to_share``, ``probe_if_none``, ``out_of_flight``,
-``snapshot`` and ``net_updates``). Not thread-safe: it runs under the RDY manager's caller's
-lock.
+The manager holds a :class:`NoBudget` until a run sets one. The budget changes credit only
+through the manager's moves (CreditState). Not thread-safe: the manager's caller's lock.
 """
 
 from __future__ import annotations
@@ -78,35 +39,30 @@ class NoBudget:
         self.answered: Callable[[Hashable, bool | None], list[Action]] = manager.answer
 
     def for_run(self) -> Budget:
-        """A budget for the same manager (to be started)."""
         return Budget(self._m)
 
     def fit(self, event: Event, *args: Any) -> list[Action]:
-        """Run ``event(*args)`` and return its RDY updates unchanged."""
         return event(*args)
 
     def joined(self, key: Hashable) -> None:
-        """A connection was added: nothing to track."""
+        """Nothing to track."""
 
     def left(self, key: Hashable, conn: ConnRDY) -> None:
-        """A connection closed: nothing to track."""
+        """Nothing to track."""
 
     def skipped(self, key: Hashable, admitted: bool) -> None:
-        """A message was dropped unanswered: nothing to count (its connection closed)."""
+        """Nothing to count."""
 
     def quiet_answers_fit(self, key: Hashable, n: int) -> bool:
-        """Answers never need an RDY update to fit: True."""
         return True
 
     def settling(self) -> int:
-        """No credit is settling: 0."""
         return 0
 
     def maintain(self, now: float) -> None:
         """No timers."""
 
     def deadline(self) -> float | None:
-        """No timers: None."""
         return None
 
 
@@ -120,8 +76,7 @@ class _Held:
 
 
 class Budget:
-    """The budget of a run (see the module): the RDY manager runs its events through
-    :meth:`fit`, which fits their RDY updates to the answers still wanted."""
+    """The budget of a run (see the module): the manager runs its events through :meth:`fit`."""
 
     def __init__(self, manager: CreditState) -> None:
         self._m = manager
@@ -132,12 +87,11 @@ class Budget:
         self._held: dict[Hashable, _Held] = {}
 
     def for_run(self) -> Budget:
-        """This budget (a run that sets it again keeps its timers and closed connections)."""
+        """This budget: a run that sets it again keeps its timers and closed connections."""
         return self
 
     def start(self, deliveries: int) -> list[Action]:
-        """Let nsqd deliver at most ``deliveries`` more messages besides those in flight (see
-        ``RDYManager.set_budget``); returns the RDY updates that fit the credit to it."""
+        """Let nsqd deliver at most ``deliveries`` more messages; return the RDY updates."""
         return self.fit(self._begin, deliveries)
 
     def _begin(self, deliveries: int) -> list[Action]:
@@ -160,8 +114,7 @@ class Budget:
         self.unanswered_elsewhere += conn.in_flight
 
     def skipped(self, key: Hashable, admitted: bool) -> None:
-        """A message dropped unanswered counts in flight no more; it spends one answer only if
-        ``admitted`` (it took a place of the run)."""
+        """A message dropped unanswered leaves flight; it spends an answer only if ``admitted``."""
         if admitted:
             self.answers = max(0, self.answers - 1)
         if key in self._m.conns:
@@ -180,12 +133,11 @@ class Budget:
         return self._held[key].cap
 
     def held(self) -> int:
-        """What the nsqds may still hold in flight (deliveries to come included), at most: the
-        caps, plus the messages of closed connections still to be answered."""
+        """What the nsqds may still hold in flight, at most: the caps and closed connections'."""
         return self.unanswered_elsewhere + sum(h.cap for h in self._held.values())
 
     def settling(self) -> int:
-        """Credit taken back and not settled yet: it may be on its way (``credit_left``)."""
+        """Credit taken back and not settled yet (it may be on its way)."""
         held = self._held
         return sum(
             max(0, held[key].cap - max(conn.rdy, conn.in_flight))
@@ -193,8 +145,7 @@ class Budget:
         )
 
     def quiet_answers_fit(self, key: Hashable, n: int) -> bool:
-        """True when ``n`` answers on ``key`` need no RDY update to stay within the budget; then
-        they are counted (budget and cap). False: nothing counted, answer them one by one."""
+        """If ``n`` answers on ``key`` need no RDY update, count them and return True."""
         conn = self._m.conns.get(key)
         if conn is None or conn.in_flight < n:
             return False
@@ -222,8 +173,7 @@ class Budget:
         return self._fit(before)
 
     def answered(self, key: Hashable, success: bool | None) -> list[Action]:
-        """A message was answered: the manager's answer, one answer spent, then fitted (the
-        answered connection's RDY update goes out before the answer)."""
+        """A message was answered: one answer spent, then fitted."""
         m = self._m
         before = m.snapshot()
         m.answer(key, success)
@@ -233,10 +183,7 @@ class Budget:
         return self._fit(before, answered=key)
 
     def _fit(self, before: Snapshot, answered: Hashable = None) -> list[Action]:
-        """After an event (``answered``: the connection whose message it answered, if any):
-        set the caps, hand out room in the budget, cut credit while over it, and return the
-        event's RDY updates as net changes from ``before``, decreases first (a raise that is
-        cut never reaches nsqd, even for a moment)."""
+        """After an event: caps, room, cuts; the net updates from ``before``, decreases first."""
         m = self._m
         conns, held = m.conns, self._held
         answers = self.answers
@@ -264,8 +211,7 @@ class Budget:
         return decreases + increases
 
     def _hand_out(self) -> None:
-        """Room in the budget goes back by the usual rules (nothing else would wake a connection
-        cut to RDY 0), to the connections that delivered last first; raises set caps."""
+        """Room in the budget goes out by the usual rules; raises set caps."""
         m = self._m
         if m.in_backoff:
             m.probe_if_none()
@@ -301,8 +247,7 @@ class Budget:
             h.cap = max(h.cap, conn.rdy)  # the next one's room counts this raise
 
     def _cut(self, before: Snapshot, base: dict[Hashable, int], answered: Hashable) -> None:
-        """Cut credit while the caps are over the budget: exact cuts first (see the module).
-        ``base``: each cap before the event's raises, the lowest a cut can bring it to."""
+        """Cut credit while the caps are over the budget, exact cuts first (see the module)."""
         m, held, answers = self._m, self._held, self.answers
         conns = m.conns
         # 1. raises of this event, back down to where they were; 2. the answered connection
@@ -330,8 +275,7 @@ class Budget:
     # ------------------------------------------------------------------ timers
 
     def maintain(self, now: float) -> None:
-        """Timers (the manager's ``tick``): take idle credit back while another connection is
-        below its share, and settle caps (see the module)."""
+        """Timers: take idle credit back while another connection wants it; settle caps."""
         m, held = self._m, self._held
         idle_after, settle = m.unproductive_after, m.settle
         wanting = self._wanting()
@@ -362,9 +306,7 @@ class Budget:
         return min(times) if times else None
 
     def _wanting(self) -> set[Hashable]:
-        """Connections below their share (and not settling) that idle credit could go to. While
-        there are, idle credit on another connection rotates among the nsqds, so that one with
-        messages gets it."""
+        """Connections below their share (and not settling) that idle credit could go to."""
         m, held = self._m, self._held
         return {
             key
@@ -376,5 +318,5 @@ class Budget:
 
 
 def _settling(held: _Held, conn: ConnRDY) -> bool:
-    """Its RDY was lowered below what its nsqd may hold, and that has not settled yet."""
+    """Its RDY was lowered below what its nsqd may hold, not settled yet."""
     return held.cap > max(conn.rdy, conn.in_flight)

@@ -1,34 +1,13 @@
 """The RDY manager: all of a consumer's in-flight credit, as pure policy.
 
-No sockets, no threads: the consumer calls these methods (under one lock) and sends the returned
-``(key, count)`` RDY updates *in order*. Decreases always come before increases in a batch, so the
-sum of RDY over connections never exceeds ``max_in_flight``, including while connections come and
-go. Time comes from an injected clock and choices from an injected RNG, so every rule is table
-testable.
-
-Rules (the "Building Client Libraries" guide, go-nsq where the guide is silent):
-
-* a new connection gets RDY 1 (bootstrap); its first message raises it to its even share
-  ``max_in_flight // connections`` (the remainder goes to the first connections), never above the
-  nsqd's ``max_rdy_count``;
-* a connection whose remaining RDY falls to 25 % of the last value sent (or 0) gets an update;
-* when ``max_in_flight`` < connections, not everyone can hold RDY 1: credit follows the nsqds
-  that have messages. A holder whose nsqd sends nothing for ``unproductive_after`` gives its
-  credit to a connection not tried recently, and one that held it for
-  ``rdy_redistribute_interval`` to one that is waiting for it, so every nsqd is served; an idle
-  consumer moves credit only as a slow probe (``nsq_sync.credit.rotation`` says how, and the
-  bound on a stall);
-* backoff is global: a failure raises the level, sends RDY 0 everywhere and waits
-  ``backoff.compute(level)``; then one connection gets RDY 1 to test the water (the one most
-  likely to have messages, moved on by the same rules as scarce credit when its nsqd sends
-  nothing; sent when a connection joins or the consumer resumes if nobody could take it at
-  expiry). A success lowers the level (full RDY returns at level 0), a failure raises it. Only
-  one result counts per backoff window: results that arrive while the timer runs are ignored;
-* a *budget* (``Consumer.run(max_messages=)``): every event's RDY updates are fitted so that
-  the nsqds never hold credit for more messages than the run will handle
-  (``nsq_sync.credit.budget`` says how, and why it matters). Every event runs through
-  :attr:`RDYManager.budget` (a ``NoBudget`` passes the updates on unchanged); the budget
-  changes credit through the methods under "for the budget" below.
+Called under the consumer's lock; the caller sends the returned ``(key, count)`` RDY updates
+*in order*: decreases before increases, so the sum of RDY never exceeds ``max_in_flight``.
+Rules (the "Building Client Libraries" guide; go-nsq where it is silent): a new connection gets
+RDY 1, its first message its even share (at most ``max_rdy_count``), and an update when its
+remaining RDY falls to 25 %; scarce credit (``max_in_flight`` < connections) follows the nsqds
+that have messages (rotation.py); backoff is global (a failure: RDY 0 everywhere, wait, then
+RDY 1 on one connection to test the water; a success lowers the level; one result counts per
+backoff window); a run's budget fits every event's RDY updates (budget.py).
 """
 
 from __future__ import annotations
@@ -52,8 +31,7 @@ _Event = TypeVar("_Event", bound=Callable[..., "list[Action]"])
 
 
 def _fitted(event: _Event) -> _Event:
-    """An event that may hand out credit: its RDY updates are fitted to the run's budget (the
-    hot events, messages and answers, call the budget's ``refill`` and ``answered``)."""
+    """An event whose RDY updates are fitted to the run's budget."""
 
     @functools.wraps(event)
     def fitted_event(self: RDYManager, *args: Any, **kwargs: Any) -> list[Action]:
@@ -66,18 +44,11 @@ class RDYManager:
     """In-flight credit for one consumer. Not thread-safe: callers serialise access.
 
     Args:
-        max_in_flight: total credit (0 pauses the consumer).
-        backoff: the strategy, or None to disable backoff.
-        low_rdy_idle_timeout: when credit is scarce (or a backoff probe is out), seconds
-            after which an nsqd found empty is tried again.
-        redistribute_interval: when credit is scarce, the longest a connection holds credit
-            while another is waiting for it.
-        clock: monotonic seconds.
-        rng: choices of connections.
-        settle: a budgeted run: seconds after which a message nsqd sent before an RDY was
-            lowered is assumed to have arrived (default max(1, unproductive_after)).
-        buffering: seconds nsqd may hold a message in its output buffer
-            (``output_buffer_timeout``): a holder is found empty only after longer than that.
+        low_rdy_idle_timeout: how soon an nsqd found empty is tried again (scarce credit).
+        redistribute_interval: the longest a connection holds scarce credit another waits for.
+        settle: a budgeted run: seconds within which a message sent before an RDY was lowered
+            arrives (default max(1, unproductive_after)).
+        buffering: nsqd's ``output_buffer_timeout``: a holder is found empty only after longer.
     """
 
     def __init__(
@@ -160,7 +131,6 @@ class RDYManager:
         return 0 if conn is None else conn.in_flight
 
     def total_in_flight(self) -> int:
-        """Messages in flight over every connection."""
         return sum(c.in_flight for c in self.conns.values())
 
     def holdings(self) -> list[tuple[Hashable, ConnRDY]]:
@@ -168,22 +138,18 @@ class RDYManager:
         return list(self.conns.items())
 
     def take_woken(self) -> bool:
-        """True once after credit that was scarce found an nsqd waking up (see ``woke_at``):
-        the caller wakes its timer, whose next deadline moved."""
+        """True once after scarce credit found an nsqd waking up (the caller wakes its timer)."""
         woken, self.woken = self.woken, False
         return woken
 
     def is_starved(self) -> bool:
-        """True when some connection has at least 85 % of its RDY in flight: the handler is the
-        bottleneck and batching handlers should flush."""
+        """True when some connection has at least 85 % of its RDY in flight."""
         return any(
             c.in_flight > 0 and c.in_flight >= c.rdy * STARVED_RATIO for c in self.conns.values()
         )
 
     def credit_left(self) -> int:
-        """Messages nsqds may still send: RDY above in-flight, summed over connections (in a
-        budgeted run, credit taken back and not settled yet too: it may be on its way, or
-        moving to another nsqd)."""
+        """Messages nsqds may still send: RDY above in-flight, plus credit still settling."""
         return sum(max(0, c.rdy - c.in_flight) for c in self.conns.values()) + (
             self.budget.settling()
         )
@@ -205,11 +171,8 @@ class RDYManager:
 
     @_fitted
     def add(self, key: Hashable, max_rdy: int) -> list[Action]:
-        """A connection is ready (subscribed): lower others if needed, then bootstrap RDY 1.
-
-        Raises:
-            ValueError: ``key`` is already added (its credit would be counted twice).
-        """
+        """A connection is ready (subscribed): lower others if needed, then RDY 1. Raises
+        ValueError if ``key`` was added already (its credit would count twice)."""
         if key in self.conns:
             raise ValueError(f"connection {key!r} is already added")
         self.conns[key] = ConnRDY(max_rdy=max(1, max_rdy))
@@ -226,7 +189,7 @@ class RDYManager:
 
     @_fitted
     def remove(self, key: Hashable) -> list[Action]:
-        """A connection closed: its credit returns to the pool (handed out on later events)."""
+        """A connection closed: its credit returns, first as RDY 1 to connections at 0."""
         conn = self.conns.pop(key, None)
         if conn is not None:
             self._total -= conn.rdy
@@ -243,12 +206,10 @@ class RDYManager:
         return self._fill_random()
 
     def on_message(self, key: Hashable) -> list[Action]:
-        """A message arrived on ``key``."""
         return self.on_messages(key, 1)
 
     def on_messages(self, key: Hashable, n: int) -> list[Action]:
-        """``n`` messages arrived on ``key`` in one read: one RDY check for the batch (its
-        remaining credit is checked after the batch rather than after every message)."""
+        """``n`` messages arrived on ``key`` in one read: one RDY check for them all."""
         conn = self.conns.get(key)
         if conn is None:
             return []
@@ -260,9 +221,7 @@ class RDYManager:
         return self.budget.refill(key, conn)
 
     def _note_waking(self, conn: ConnRDY) -> None:
-        """Credit is scarce and a message arrives on ``conn``: its first since its grant, or
-        after none for unproductive_after, means a producer may be publishing again, and nsqds
-        found empty before may have filled up too (rotation.py)."""
+        """Scarce credit: a message on a connection quiet until now sets ``woke_at``."""
         now = self.clock()
         if conn.last_msg_at < conn.granted_at or (
             not conn.in_flight and now - conn.last_msg_at >= self.unproductive_after
@@ -271,8 +230,7 @@ class RDYManager:
             self.woken = True
 
     def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
-        """Messages arrived on ``key`` (``conn``): its RDY back up to its share when below it,
-        or when its remaining credit fell to a quarter (the budget fits what this returns)."""
+        """Messages arrived: RDY back up to the share when below it, or at a quarter remaining."""
         if self.in_backoff or self.max_in_flight == 0:
             return []
         if conn.rdy < self.share(key) or conn.remaining <= conn.rdy // 4:
@@ -281,10 +239,7 @@ class RDYManager:
 
     @_fitted
     def on_skip(self, key: Hashable, admitted: bool = False) -> list[Action]:
-        """A message of ``key`` (None: a closed connection's) was dropped unanswered: its
-        connection closed before its handler ran, and nsqd redelivers it. In a budgeted run it
-        no longer counts in flight; unless ``admitted`` (it took a place of the run: a
-        BatchConsumer's open batch) it took no place, and a redelivery may take it."""
+        """A message of ``key`` (None: closed) was dropped unanswered; ``admitted``: in the run."""
         self.budget.skipped(key, admitted)
         return []
 
@@ -293,10 +248,8 @@ class RDYManager:
         return self.budget.answered(key, True)
 
     def finish_quietly(self, key: Hashable, n: int) -> bool:
-        """Count ``n`` FINs of ``key`` when that changes nothing but in-flight counts (no
-        backoff level to step down), and return True; False (nothing counted) otherwise, and
-        the caller calls :meth:`on_finish` for each. Workers finish whole batches through here.
-        """
+        """Count ``n`` FINs of ``key`` and return True when that changes only in-flight counts;
+        False (nothing counted): call :meth:`on_finish` for each."""
         if self.backoff_level or self.scarce:  # scarce: an answer may free the credit
             return False
         if not self.budget.quiet_answers_fit(key, n):
@@ -311,17 +264,13 @@ class RDYManager:
         return self.budget.answered(key, False if backoff else None)
 
     def answer(self, key: Hashable, success: bool | None) -> list[Action]:
-        """A message of ``key`` was answered (FIN or REQ): out of flight, and a result for
-        backoff unless ``success`` is None (the budget counts the answer and fits the RDY).
-        """
+        """A message of ``key`` was answered: out of flight, and a backoff result (None: none)."""
         self.out_of_flight(key)
         return [] if success is None else self._result(success)
 
     def set_budget(self, deliveries: int) -> list[Action]:
-        """Let nsqd deliver at most ``deliveries`` (an int >= 0) more messages: the messages in
-        flight now are answered besides (a consumer started before the run), every FIN or REQ
-        from now on spends one answer of the budget, and RDY never lets the nsqds hold more
-        than what is left (see ``nsq_sync.credit.budget``)."""
+        """Let nsqd deliver at most ``deliveries`` more messages: every FIN or REQ from now on
+        spends one answer, and RDY never lets the nsqds hold more than what is left (budget.py)."""
         self.budget = self.budget.for_run()
         self.budgeted = True
         return self.budget.start(deliveries)
@@ -361,8 +310,7 @@ class RDYManager:
     # (and rotation): what they change credit with, and what an event looks like to them
 
     def set_rdy(self, key: Hashable, count: int) -> Action:
-        """Record that ``key`` is to be told RDY ``count`` (its grant or release noted), and
-        return the update."""
+        """Record that ``key`` is to be told RDY ``count`` (noting a grant or release)."""
         conn = self.conns[key]
         if conn.rdy == 0 and count > 0:
             conn.granted_at = self.clock()
@@ -398,16 +346,14 @@ class RDYManager:
         return []
 
     def snapshot(self) -> Snapshot:
-        """Every connection's RDY as nsqd was last told, and its grant bookkeeping, taken
-        before an event (see :meth:`net_updates`)."""
+        """Every connection's RDY and grant bookkeeping, before an event (:meth:`net_updates`)."""
         return {
             key: (conn.rdy, conn.granted_at, conn.released_at, conn.productive)
             for key, conn in self.conns.items()
         }
 
     def net_updates(self, before: Snapshot) -> tuple[list[Action], list[Action]]:
-        """An event's RDY updates as net changes from ``before``: (decreases, increases). A
-        connection whose RDY ends where it was got nothing: no grant or release reached nsqd."""
+        """An event's RDY updates as net changes from ``before``: (decreases, increases)."""
         decreases: list[Action] = []
         increases: list[Action] = []
         for key, conn in self.conns.items():
@@ -454,10 +400,8 @@ class RDYManager:
         return conn.last_msg_at >= conn.granted_at and conn.last_msg_at > 0
 
     def _probe(self) -> list[Action]:
-        """Backoff timer expired: RDY 1 to the connection most likely to have messages.
-
-        With no connection, or while paused (max_in_flight 0), the probe waits (``testing``
-        stays set): the next connection to join, or the resume, sends it."""
+        """Backoff timer expired: RDY 1 to the connection most likely to have messages (with none,
+        or while paused, ``testing`` stays set and a join or resume sends it)."""
         if not self.conns or self.max_in_flight == 0:
             return []
         order = rotation.best(self, list(self.conns))

@@ -1,11 +1,5 @@
-"""What the RDY manager knows, and what it offers its policies (rotation, a run's budget).
-
-:class:`CreditState` is the manager as :mod:`~nsq_sync.credit.rotation` and
-:mod:`~nsq_sync.credit.budget` see it: its per-connection state (:class:`ConnRDY`), its settings,
-and the few moves that change credit (``set_rdy``, ``raise_to_share``...). They change credit
-only through those moves, so the manager stays the one owner of every RDY count. Not
-thread-safe: everything here runs under the manager's caller's lock.
-"""
+"""What the RDY manager knows, as its policies (rotation, a run's budget) see it. They change
+credit only through :class:`CreditState`'s moves: the manager owns every RDY count."""
 
 from __future__ import annotations
 
@@ -39,7 +33,7 @@ class ConnRDY:
 
 
 class CreditState(Protocol):
-    """The RDY manager, as its policies see it (see the module)."""
+    """The RDY manager as its policies see it; not thread-safe (RDYManager documents it)."""
 
     conns: dict[Hashable, ConnRDY]
     max_in_flight: int
@@ -88,7 +82,7 @@ class CreditState(Protocol):
         ...
 
     def refill(self, key: Hashable, conn: ConnRDY) -> list[Action]:
-        """Messages arrived on ``key``: its RDY back up when due (the hot path, unfitted)."""
+        """Messages arrived on ``key``: its RDY back up when due (unfitted)."""
         ...
 
     def answer(self, key: Hashable, success: bool | None) -> list[Action]:

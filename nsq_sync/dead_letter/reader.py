@@ -67,8 +67,7 @@ class Listed:
 
 @dataclass(frozen=True)
 class Listing:
-    """What :func:`list_messages` returns: ``messages`` in the order read, and ``complete``
-    (False when ``limit`` ended the listing before every message was seen)."""
+    """What :func:`list_messages` returns; ``complete`` is False when ``limit`` ended it early."""
 
     messages: list[Listed]
     complete: bool
@@ -80,13 +79,11 @@ class ReplaySummary:
 
     Attributes:
         replayed: messages republished and finished in the dead-letter topic.
-        skipped: messages left in place because their error does not contain ``where``.
-        invalid: messages left in place because their body is not an envelope.
-        failed: republish attempts that failed (each message stays in the dead-letter topic
-            until one succeeds).
-        reason: why it ended: ``"idle"`` (everything seen), ``"max_messages"``, ``"signal"``,
-            ``"timeout"``, ``"stopped"``, or ``"held"`` (``max_in_flight`` messages left in
-            place at once: run again with a narrower ``where``, or a larger ``max_in_flight``).
+        skipped: messages left in place: their error does not contain ``where``.
+        invalid: messages left in place: their body is not an envelope.
+        failed: republish attempts that failed (the message stays until one succeeds).
+        reason: ``"idle"`` (everything seen), ``"max_messages"``, ``"signal"``, ``"timeout"``,
+            ``"stopped"`` or ``"held"`` (``max_in_flight`` messages left in place at once).
         elapsed: seconds it took.
     """
 
@@ -104,8 +101,7 @@ class ReplaySummary:
 
 
 class _Reading:
-    """A consumer of a dead-letter topic's ``dead-letter`` channel that holds the messages it
-    does not finish in flight, and requeues them (delay 0, no backoff) when it ends."""
+    """A ``dead-letter`` channel consumer that holds what it does not finish until it ends."""
 
     def __init__(
         self,
@@ -134,8 +130,7 @@ class _Reading:
         )
 
     def hold(self, message: Message) -> None:
-        """Keep ``message`` in flight until the end (requeued then); ends the reading when
-        ``max_in_flight`` messages are held (no more can arrive)."""
+        """Keep ``message`` in flight until the end; end once ``max_in_flight`` are held."""
         message.enable_async()
         full = False
         with self._lock:
@@ -166,7 +161,6 @@ class _Reading:
         self.consumer.stop()
 
     def run(self, idle_timeout: float, timeout: float | None) -> str:
-        """Read until idle (or another end); returns the reason."""
         summary = run_to_end(
             self.consumer,
             self._handler.parts.control,
@@ -178,8 +172,7 @@ class _Reading:
 
 
 class _Handler(PartsUser):
-    """The reading consumer's handler: ``handler``, with the consumer's parts at hand (its run
-    control ends the reading from a handler)."""
+    """The reading consumer's handler, with the consumer's parts (to end the reading)."""
 
     __slots__ = ("handler", "_parts")
 
@@ -220,17 +213,13 @@ def list_messages(
     config: Config | None = None,
     **overrides: Any,
 ) -> Listing:
-    """Read every message of the dead-letter topic ``topic`` (up to ``limit``) and put each
-    back, as it was. Blocks until done; thread-safe (each call has its own consumer).
+    """Read every message of the dead-letter topic ``topic`` (up to ``limit``), put each back as
+    it was; other arguments as for :class:`~nsq_sync.consumer.Consumer` (``max_attempts`` 0).
+    Blocks until done; thread-safe (each call has its own consumer).
 
     Args:
-        topic: the dead-letter topic.
-        nsqd_tcp_addresses, lookupd_http_addresses, config, and any Config option: where to
-            read, as for :class:`~nsq_sync.consumer.Consumer` (``max_attempts`` is always 0).
         limit: most messages listed (at most 2500: they are all held in flight at once).
-        idle_timeout: seconds without a new message (credit open) after which every message
-            has been seen.
-        timeout: seconds after which it ends whatever it saw.
+        idle_timeout: seconds without a new message (credit open) after which all were seen.
 
     Raises:
         InvalidName, ConfigError: a bad topic, address, limit or option (nothing read).
@@ -280,26 +269,15 @@ def replay(
     config: Config | None = None,
     **overrides: Any,
 ) -> ReplaySummary:
-    """Republish the original bodies held in the dead-letter topic ``topic`` to their original
-    topic (or ``to``), each on the nsqd the dead-letter message came from, and finish each
-    dead-letter message once its republish was acknowledged. Blocks until done. SIGTERM and
-    SIGINT end it gracefully when called from the main thread (as Consumer.run()).
+    """Republish each original body in the dead-letter topic ``topic`` to its topic (or ``to``) on
+    the nsqd its dead-letter message came from, and finish that message once nsqd acknowledged
+    the republish (else as :func:`list_messages`); SIGTERM/SIGINT (main thread) end it gracefully.
 
     Args:
-        topic: the dead-letter topic.
-        to: republish everything to this topic instead of each message's original one.
         max_messages: most messages republished (None: all).
-        where: only messages whose error (``"Type: message"``) contains this text; the others
-            stay in place.
-        nsqd_tcp_addresses, lookupd_http_addresses, config, and any Config option: as for
-            :class:`~nsq_sync.consumer.Consumer` (``max_attempts`` is always 0).
-        idle_timeout: seconds without a new message after which every message has been seen.
-        timeout: seconds after which it ends gracefully.
+        where: only messages whose :attr:`DeadLetterRecord.error` contains this text.
         max_in_flight: dead-letter messages in flight at once (duplicates after a broken
             connection are at most this many), and the most left in place per call.
-
-    Returns:
-        A :class:`ReplaySummary`.
 
     Raises:
         InvalidName, ConfigError: a bad topic, ``to``, address or option (nothing read).

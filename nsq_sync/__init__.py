@@ -10,12 +10,9 @@ import logging
 
 from nsq_sync._version import __version__
 from nsq_sync.config import Config
-from nsq_sync.consumer import Consumer, ConsumerStats
-from nsq_sync.consumer.batch import BatchConsumer
-from nsq_sync.consumer.running import RunSummary
+from nsq_sync.consumer import BatchConsumer, Consumer, ConsumerStats, RunSummary
 from nsq_sync.errors import DeadLetter, NSQError, RequeueMessage
-from nsq_sync.http import NsqdHTTPClient
-from nsq_sync.http.lookupd import LookupdClient
+from nsq_sync.http import LookupdClient, NsqdHTTPClient
 from nsq_sync.message import Message
 from nsq_sync.producer import Producer
 

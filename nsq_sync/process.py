@@ -43,7 +43,8 @@ _pid = -1
 # A byte that is 1 in the process that set it and 0 in every child forked since (see the
 # module docstring); None where MADV_WIPEONFORK is not available (the pid is compared instead).
 _canary: mmap.mmap | None = None
-# Serialises resets within one process; replaced in every child (see the module docstring).
+# Guards the rebuild of PerProcess values; replaced in every child (a parent's thread may have
+# held it at the fork). Resets are serialised by the per-pid locks of _noticing.
 _lock = threading.Lock()
 # pid -> the lock under which that process's threads notice a fork by the pid (see _notice).
 _noticing: dict[int, Any] = {}

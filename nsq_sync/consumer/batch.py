@@ -15,7 +15,7 @@ from nsq_sync.consumer.parts import ConsumerParts, PartsUser
 from nsq_sync.consumer.running import RunSummary, run_to_end
 from nsq_sync.consumer.stats import ConsumerStats
 from nsq_sync.consumer.workers import GiveUpHandler, ends_task
-from nsq_sync.durations import positive_seconds
+from nsq_sync.durations import positive_seconds, to_seconds
 from nsq_sync.errors import ConfigError
 from nsq_sync.message import Message
 from nsq_sync.metrics.observer import ConsumerObserver
@@ -134,7 +134,12 @@ class BatchConsumer:
     def stop(self, timeout: float = 30.0) -> bool:
         """Stop gracefully: no more messages arrive (RDY 0), the open batch closes and is handled,
         then as :meth:`Consumer.stop <nsq_sync.consumer.Consumer.stop>`; True when everything in
-        flight was answered in time. Called from ``handle_batch``, it returns False at once."""
+        flight was answered in time. Called from ``handle_batch``, it returns False at once.
+
+        Raises:
+            ConfigError: ``timeout`` is not a duration >= 0.
+        """
+        timeout = to_seconds(timeout, "timeout")
         batcher = self._batcher
         if batcher.on_own_task():
             batcher.stop_elsewhere(self.stop, timeout)

@@ -28,7 +28,7 @@ import operator
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from nsq_sync.errors import ConfigError, DeadLetter, RequeueMessage
@@ -215,36 +215,46 @@ class WorkerPool:
             self.dead_letter.close(max(0.1, deadline - time.monotonic()))
         return not alive
 
+    def _taken(self) -> Iterator[Message | None]:
+        """The messages this worker takes, one at a time (idle workers share a batch), until
+        it is told to stop; None after each run of them, when the queue is empty for now."""
+        get = self.queue.get
+        popleft = self._messages.popleft
+        while get() is not _STOP:
+            while True:
+                try:
+                    message = popleft()
+                except IndexError:
+                    break
+                yield message
+            yield None
+
     def _work(self) -> None:
         if self.collect is not None:
             self._collect_work(self.collect)
             return
-        get = self.queue.get
-        popleft = self._messages.popleft
         process = self._process
         held = self.held
         backstop = self.backstop
         message: Message | None = None
         try:
-            while get() is not _STOP:
-                while True:
-                    try:
-                        message = popleft()
-                    except IndexError:
-                        break
-                    if held and backstop is not None and not backstop.watching:
-                        backstop.watch()  # FINs held while another handler runs: arm it
-                    try:
-                        to_finish = process(message)
-                    except BaseException as exc:  # the message was answered (or requeued)
-                        self._failed(exc, message)
-                        continue
-                    if to_finish:
-                        held.append(message)
-                        if len(held) >= FIN_BATCH:
-                            self.flush_held()
-                if held:  # out of messages: nothing waits for a batch to fill
-                    self.flush_held()
+            for taken in self._taken():
+                if taken is None:  # out of messages: nothing waits for a batch to fill
+                    if held:
+                        self.flush_held()
+                    continue
+                message = taken
+                if held and backstop is not None and not backstop.watching:
+                    backstop.watch()  # FINs held while another handler runs: arm it
+                try:
+                    to_finish = process(message)
+                except BaseException as exc:  # the message was answered (or requeued)
+                    self._failed(exc, message)
+                    continue
+                if to_finish:
+                    held.append(message)
+                    if len(held) >= FIN_BATCH:
+                        self.flush_held()
         except BaseException:  # what _failed let through: end this worker
             self._stopped_by(message)
         finally:
@@ -254,29 +264,25 @@ class WorkerPool:
         """A worker that hands screened messages, marked async, to ``collect`` (BatchConsumer's) in
         order, a list per wake-up; what it admitted goes first when a message past max_attempts is
         given up (that may wait on a dead-letter publish). None is left in flight."""
-        get = self.queue.get
-        popleft = self._messages.popleft
         screen = self._screen
         max_attempts = self.max_attempts
         message: Message | None = None
         admitted: list[Message] = []
         try:
-            while get() is not _STOP:
-                while True:
-                    try:
-                        message = popleft()
-                    except IndexError:
-                        break
-                    if admitted and 0 < max_attempts < message.attempts:
+            for taken in self._taken():
+                if taken is None:
+                    if admitted:
                         admitted = self._hand_over(collect, admitted)
-                    try:
-                        if screen(message):
-                            message.is_async = True
-                            admitted.append(message)
-                    except BaseException as exc:
-                        self._failed(exc, message)
-                if admitted:
+                    continue
+                message = taken
+                if admitted and 0 < max_attempts < message.attempts:
                     admitted = self._hand_over(collect, admitted)
+                try:
+                    if screen(message):
+                        message.is_async = True
+                        admitted.append(message)
+                except BaseException as exc:
+                    self._failed(exc, message)
         except BaseException:  # what _failed let through: end this worker
             self._stopped_by(message)
         finally:

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from nsq_sync import Consumer, Message, Producer
+from nsq_sync import BatchConsumer, Consumer, Message, Producer
 from nsq_sync.config import Config, address_list
 from nsq_sync.errors import ConfigError
 
@@ -41,6 +41,11 @@ def test_durations_accept_timedelta_everywhere() -> None:
     assert Config(dial_timeout=datetime.timedelta(milliseconds=250)).dial_timeout == 0.25
     consumer = Consumer("t", "c", lambda m: None, nsqd_tcp_addresses="127.0.0.1:4150")
     assert consumer.stop(timeout=datetime.timedelta(seconds=1)) is True
+    # BatchConsumer.stop added the timeout to a float (a TypeError for a timedelta)
+    batches = BatchConsumer("t", "c", lambda batch: None, nsqd_tcp_addresses="127.0.0.1:4150")
+    assert batches.stop(timeout=datetime.timedelta(seconds=1)) is True
+    with pytest.raises(ConfigError, match="timeout"):
+        BatchConsumer("t", "c", lambda batch: None, nsqd_tcp_addresses="127.0.0.1:1").stop(-1)
 
 
 def test_comma_joined_addresses_are_split_and_config_carries_lists() -> None:

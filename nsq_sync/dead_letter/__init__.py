@@ -6,17 +6,9 @@ it; the topic's durable channel ``dead-letter`` keeps them for :func:`list_messa
 :func:`replay` (``nsq-sync dead-letter list|replay``), which read with ``max_attempts=0``.
 """
 
-from nsq_sync.dead_letter.reader import (
-    CHANNEL,
-    FORMAT_VERSION,
-    DeadLetterRecord,
-    Listed,
-    Listing,
-    ReplaySummary,
-    list_messages,
-    parse,
-    replay,
-)
+from nsq_sync.consumer.dead_letters import CHANNEL
+from nsq_sync.consumer.envelope import FORMAT_VERSION, DeadLetterRecord, parse
+from nsq_sync.dead_letter.reader import Listed, Listing, ReplaySummary, list_messages, replay
 
 __all__ = [
     "CHANNEL",

@@ -12,7 +12,7 @@ from typing import Any
 from nsq_sync.config import Config, positive_int
 from nsq_sync.consumer import Consumer
 from nsq_sync.consumer.dead_letters import CHANNEL
-from nsq_sync.consumer.envelope import FORMAT_VERSION, DeadLetterRecord, parse
+from nsq_sync.consumer.envelope import DeadLetterRecord, parse
 from nsq_sync.consumer.parts import ConsumerParts, PartsUser
 from nsq_sync.consumer.running import run_to_end
 from nsq_sync.durations import positive_seconds
@@ -28,17 +28,7 @@ from nsq_sync.message import Message
 from nsq_sync.producer import Producer
 from nsq_sync.protocol.names import validate_topic
 
-__all__ = [
-    "CHANNEL",
-    "FORMAT_VERSION",
-    "DeadLetterRecord",
-    "Listed",
-    "Listing",
-    "ReplaySummary",
-    "list_messages",
-    "parse",
-    "replay",
-]
+__all__ = ["Listed", "Listing", "ReplaySummary", "list_messages", "replay"]
 
 log = logging.getLogger(__name__)
 

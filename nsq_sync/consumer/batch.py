@@ -95,7 +95,6 @@ class BatchConsumer:
         self.channel = self._consumer.channel
         self.config = self._consumer.config
         self.log = self._consumer.log
-        self._batcher.log = self.log
 
     @property
     def runtime(self) -> Runtime:
@@ -142,7 +141,7 @@ class BatchConsumer:
         timeout = to_seconds(timeout, "timeout")
         batcher = self._batcher
         if batcher.on_own_task():
-            batcher.stop_elsewhere(self.stop, timeout)
+            batcher.stop_elsewhere(timeout)
             return False
         deadline = time.monotonic() + timeout
         batcher.stopping()  # the batch task leaves once nothing is in flight
@@ -175,7 +174,7 @@ class _Batcher(PartsUser):
         handle_batch: BatchHandler,
         batch_size: int,
         batch_timeout: float,
-        stop: Callable[[], object],
+        stop: Callable[..., object],
     ) -> None:
         self.handle_batch = handle_batch
         #: handle_batch, timed and traced while metrics are on (nsq_sync.metrics)
@@ -183,7 +182,6 @@ class _Batcher(PartsUser):
         self.batch_size = batch_size
         self.batch_timeout = batch_timeout
         self.stop_consumer = stop
-        self.log: Any = None  # the consumer's logger (set once the consumer exists)
         self._parts: ConsumerParts | None = None
         self._open: list[Message] = []  # collected, not yet handed to handle_batch
         # when _open[k * batch_size] arrived, for each k: when each batch still to be taken began
@@ -241,13 +239,15 @@ class _Batcher(PartsUser):
         """True on the batch task (a handle_batch is calling)."""
         return self._task is not None and self.parts.runtime.is_current(self._task)
 
-    def stop_elsewhere(self, stop: Callable[[float], object], timeout: float) -> None:
-        """``stop(timeout)`` on a task of its own (once)."""
+    def stop_elsewhere(self, timeout: float) -> None:
+        """The BatchConsumer's ``stop(timeout)`` on a task of its own (once)."""
         with self._lock:
             spawn = not self._stop_spawned
             self._stop_spawned = True
         if spawn:
-            self.parts.runtime.spawn(stop, timeout, name=f"nsq_sync-stop-{self._name}")
+            self.parts.runtime.spawn(
+                self.stop_consumer, timeout, name=f"nsq_sync-stop-{self._name}"
+            )
 
     def stopping(self) -> None:
         """stop() began: the batch task leaves once nothing is in flight."""
@@ -322,7 +322,7 @@ class _Batcher(PartsUser):
                 try:
                     self._handle(batch)
                 except Exception:  # never let the batch task die silently
-                    self.log.exception("handling a batch of %d message(s) failed", len(batch))
+                    self.parts.log.exception("handling a batch of %d message(s) failed", len(batch))
                 continue
             self._wake.wait(None if wait is None else min(POLL, wait))
             self._wake.clear()
@@ -375,7 +375,7 @@ class _Batcher(PartsUser):
         """Requeue or give up what the failed batch left unanswered."""
         parts = self.parts
         unanswered = [m for m in batch if not m.has_responded]
-        self.log.exception(
+        self.parts.log.exception(
             "batch handler failed on %d message(s); requeueing %d",
             len(batch),
             len(unanswered),
@@ -396,6 +396,6 @@ class _Batcher(PartsUser):
         if not fatal:
             raise exc
         # as sys.exit() in a view ends a web worker: stop gracefully, run() re-raises it
-        self.log.error("batch handler raised %r; stopping the consumer", exc)
+        self.parts.log.error("batch handler raised %r; stopping the consumer", exc)
         self.parts.control.set_fatal(exc)
         self.stop_consumer()

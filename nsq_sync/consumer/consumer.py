@@ -175,7 +175,7 @@ class Consumer:
         self._lifecycle.attach(runtime, connections, pool, discovery)
         if isinstance(self._handler, PartsUser):
             self._handler.attach(
-                ConsumerParts(runtime, connections, responder, pool, self._lifecycle)
+                ConsumerParts(runtime, log, connections, responder, pool, self._lifecycle)
             )
 
     def _decide_runtime(self) -> bool:
@@ -311,7 +311,7 @@ class Consumer:
     def _on_stopping(self) -> None:
         """In stop()'s first critical section: requeue what has not started; wake run()."""
         self._pool.stopping = True
-        self._lifecycle.request_stop()
+        self._lifecycle.end_run()
 
     def _on_own_task(self) -> bool:
         """True on one of this consumer's worker tasks (a handler is calling)."""

@@ -23,14 +23,16 @@ __all__ = ["Lifecycle"]
 class Lifecycle:
     """See the module (and RunControl); :meth:`attach` must be called before any other method."""
 
+    # the consumer's current parts (attach)
+    _connections: ConnectionSet
+    _pool: WorkerPool
+    _discovery: Discovery
+
     def __init__(self) -> None:
         self._started_in: process.Stamp | None = None
         self._fatal: BaseException | None = None
         self._stop_requested: Any = None  # an event of the parts' runtime (attach)
         self._admit: Callable[[Message], bool] | None = None
-        self._connections: ConnectionSet | None = None
-        self._pool: WorkerPool | None = None
-        self._discovery: Discovery | None = None
 
     def attach(
         self,
@@ -67,39 +69,31 @@ class Lifecycle:
             "function under uWSGI, or a multiprocessing pool initializer)"
         )
 
-    def request_stop(self) -> None:
-        """stop() began (or a signal asked for it): run() wakes. Safe in a signal handler."""
-        self._stop_requested.set()
-
     def set_fatal(self, error: BaseException) -> None:
         """A handler raised ``error`` (SystemExit, KeyboardInterrupt); the first one is kept."""
-        if self._fatal is None:
-            self._fatal = error
+        with self._connections.lock:
+            if self._fatal is None:
+                self._fatal = error
 
     # ------------------------------------------------------------------ RunControl
 
     def set_admit(self, admit: Callable[[Message], bool] | None) -> None:
         self._admit = admit
-        assert self._pool is not None
         self._pool.admit = admit
 
     def set_budget(self, deliveries: int) -> None:
         """Let nsqd deliver at most ``deliveries`` more messages (those queued count)."""
-        assert self._connections is not None and self._pool is not None
         self._connections.set_budget(max(0, deliveries - self._pool.queued()))
 
     def pause(self) -> None:
-        assert self._connections is not None
         self._connections.set_max_in_flight(0)
 
     def credit(self) -> tuple[int, int, int]:
-        assert self._connections is not None
         return self._connections.credit()
 
     def nothing_to_consume(self) -> bool:
         """True when there is no nsqd to consume from: no direct address, none connected, and
         lookupd answered that none carries the topic."""
-        assert self._connections is not None and self._discovery is not None
         return not self._connections.addresses() and self._discovery.knows_no_nsqd()
 
     def end_run(self) -> None:

@@ -4,6 +4,7 @@ a :class:`PartsUser` handler composes them instead of reaching into the consumer
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ class ConsumerParts:
     """A consumer's machinery, for what is built on top of it: internal."""
 
     runtime: Runtime
+    #: the consumer's logger (per subscription)
+    log: logging.Logger | logging.LoggerAdapter[Any]
     connections: ConnectionSet
     responder: ConsumerResponder
     pool: WorkerPool

@@ -47,6 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import cpu_since as _cpu_since
+from bench.cpu import cpu_totals as _cpu
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _PRODUCER = """
@@ -85,91 +88,6 @@ print(elapsed)
 """
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _group(cmdline: str, under_executor: bool) -> str | None:
-    """Which part of the run a process is, from its command line and whether an executor JVM
-    is among its ancestors (None: not ours)."""
-    if "nsqd" in cmdline.split(" ", 1)[0]:
-        return "nsqd"
-    if "CoarseGrainedExecutorBackend" in cmdline:
-        return "executor JVMs"
-    if "deploy.master.Master" in cmdline or "deploy.worker.Worker" in cmdline:
-        return "master and worker JVMs"
-    if "org.apache.spark" in cmdline:
-        return "driver JVM"
-    if "pyspark" in cmdline:  # Python started by a JVM: an executor's, or the driver's
-        return "executor Python workers" if under_executor else "driver Python runners"
-    return None
-
-
-_JIT = "JIT compilers (of all JVMs)"
-
-
-def _jit_cpu(pid: int) -> float:
-    """CPU seconds of a JVM's live C1/C2 compiler threads (its JIT: most of it happens while
-    the JVM is new, so it is a start-up cost that a long-running application pays once)."""
-    total = 0.0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    for tid in tasks:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if "Compiler" in name:  # "C2 CompilerThre", "C1 CompilerThre" (15 characters)
-            fields = stat.rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
-
-
-def _cpu() -> dict[str, float]:
-    """CPU seconds used so far by each group of this process's live descendants (Linux /proc:
-    nsqd, the Spark cluster, the driver JVM and their Python workers), plus this process
-    ("bench and driver Python") and its waited-for children ("plain client")."""
-    me = os.getpid()
-    procs: dict[int, tuple[int, str, float]] = {}  # pid -> (ppid, command line, cpu seconds)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / _TICK
-        procs[int(entry)] = (int(fields[1]), cmdline, cpu)
-    totals: dict[str, float] = {}
-    for pid, (_, cmdline, cpu) in procs.items():
-        ancestor, hops, under_executor = procs[pid][0], 0, False
-        while ancestor not in (me, 0, 1) and ancestor in procs and hops < 64:
-            under_executor = under_executor or "CoarseGrainedExecutorBackend" in procs[ancestor][1]
-            ancestor, hops = procs[ancestor][0], hops + 1
-        group = _group(cmdline, under_executor)
-        if ancestor == me and pid != me and group is not None:
-            if "JVM" in group:  # what its JIT compilers spent: a start-up cost, told apart
-                jit = _jit_cpu(pid)
-                totals[_JIT] = totals.get(_JIT, 0.0) + jit
-                cpu -= jit
-            totals[group] = totals.get(group, 0.0) + cpu
-    own = os.times()
-    totals["bench and driver Python"] = own.user + own.system
-    totals["plain client"] = own.children_user + own.children_system
-    return totals
-
-
-def _cpu_since(before: dict[str, float], rows: int) -> dict[str, Any]:
-    """CPU used since ``before``, per group, in microseconds per row (and the total)."""
-    after = _cpu()
-    used = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    per_row = {k: round(v / rows * 1e6, 2) for k, v in sorted(used.items()) if v > 0.005}
-    return {"us_per_row": per_row, "total_us_per_row": round(sum(used.values()) / rows * 1e6, 2)}
-
-
 def _run_python(code: str, *args: Any) -> float:
     out = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
@@ -182,15 +100,25 @@ def _run_python(code: str, *args: Any) -> float:
 
 
 def _source(
-    spark: Any, http: Any, nsqd: Any, topic: str, expected: int, checkpoint: Path, **options: Any
+    spark: Any,
+    http: Any,
+    nsqd: Any,
+    topic: str,
+    expected: int,
+    checkpoint: Path,
+    channel: str = "spark",
+    schema: str | None = None,
+    **options: Any,
 ) -> Any:
     """Run an availableNow query of the nsq source into ``noop``; return its numbers."""
     cpu = _cpu()
+    reader = spark.readStream.format("nsq")
+    if schema is not None:
+        reader = reader.schema(schema)
     reader = (
-        spark.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", nsqd.tcp_address)
+        reader.option("nsqd_tcp_addresses", nsqd.tcp_address)
         .option("topic", topic)
-        .option("channel", "spark")
+        .option("channel", channel)
     )
     for key, value in options.items():
         reader = reader.option(key, str(value))
@@ -209,12 +137,12 @@ def _source(
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     deadline = time.monotonic() + 30
     while True:  # the last batch's FINs (or a stopped reader's REQs) may still be on their way
-        channel = http.channel_stats(topic, "spark", include_clients=False) or {}
-        if not channel.get("in_flight_count") or time.monotonic() > deadline:
+        stats = http.channel_stats(topic, channel, include_clients=False) or {}
+        if not stats.get("in_flight_count") or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    if channel.get("depth") or channel.get("in_flight_count"):
-        raise RuntimeError(f"the query left messages in the channel: {channel}")
+    if stats.get("depth") or stats.get("in_flight_count"):
+        raise RuntimeError(f"the query left messages in the channel: {stats}")
     # recentProgress keeps the last 100 batches only (the driver-side source makes more)
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     phases: dict[str, float] = {}
@@ -229,15 +157,169 @@ def _source(
         "rows_in_recent_progress": rows,
         "rows_per_s": expected / seconds,
         "batches_with_rows": len(progress),
-        "channel_depth_after": channel.get("depth"),
+        "channel_depth_after": stats.get("depth"),
         "options": {k: str(v) for k, v in options.items()},
     }
+
+
+def _floors(
+    spark: Any, rows: int, schemas: list[str], parallelism: int, work: Path
+) -> dict[str, Any]:
+    """Spark's own cost, without NSQ: a Python streaming source whose one batch yields
+    ready-made Arrow batches of the source's columns (10,000 rows each, as the source yields
+    them) in ``parallelism`` partitions, run as the nsq source is (availableNow into ``noop``,
+    its start and closing batch included), for each schema; and a Python sink that drops every
+    Arrow batch (Spark generating the rows as for the sink)."""
+    from bench.spark_passthrough import drop_sink, streaming_passthrough_source
+
+    spark.dataSource.register(streaming_passthrough_source())
+    spark.dataSource.register(drop_sink())
+    runs = iter(range(1000))
+
+    def source(schema: str, count: int) -> tuple[float, dict[str, Any]]:
+        cpu = _cpu()
+        start = time.perf_counter()
+        query = (
+            spark.readStream.format("passthrough_stream")
+            .option("rows", count)
+            .option("partitions", parallelism)
+            .option("batch", 10_000)
+            .option("columns", schema)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(work / f"floor-checkpoint-{next(runs)}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return time.perf_counter() - start, _cpu_since(cpu, count)
+
+    def sink(count: int) -> tuple[float, dict[str, Any]]:
+        cpu = _cpu()
+        start = time.perf_counter()
+        _rows(spark, count, 100).write.format("drop").mode("append").save()
+        return time.perf_counter() - start, _cpu_since(cpu, count)
+
+    for schema in schemas:  # warm the JVMs and Python workers on this path
+        source(schema, 200_000)
+    sink(200_000)
+    out: dict[str, Any] = {}
+    for schema in schemas:
+        seconds, cpu = source(schema, rows)
+        out[f"source {schema}"] = {"seconds": seconds, "rows_per_s": rows / seconds, "cpu": cpu}
+    seconds, cpu = sink(rows)
+    out["sink"] = {"seconds": seconds, "rows_per_s": rows / seconds, "cpu": cpu}
+    return out
+
+
+def _rows(spark: Any, count: int, size: int) -> Any:
+    return spark.range(count, numPartitions=2).selectExpr(
+        f"substring(concat(repeat('x', {size}), cast(id as string)), -{size}) AS body"
+    )
+
+
+#: nsqd's settings the benchmark compares: a memory queue that holds the whole backlog (the
+#: client is measured, not nsqd's disk queue), and nsqd's defaults (10,000 messages in memory)
+_SETTINGS = {"memory": ["--mem-queue-size=100000000"], "defaults": []}
+
+
+def _setting(
+    spark: Any, args: argparse.Namespace, nsqd: Any, work: Path, schemas: list[str]
+) -> dict[str, Any]:
+    """The sink, one Producer, the parallel source (once per schema) and one Consumer, on
+    ``nsqd``; then the driver-side source if asked."""
+    from nsq_sync import NsqdHTTPClient
+
+    n, size, nd = args.rows, args.size, args.driver_rows
+    http = NsqdHTTPClient(nsqd.http_address)
+    topic, small, plain_topic, warm_topic = "spark_bench", "spark_small", "plain_bench", "warm"
+    channels = [f"spark{i}" for i in range(len(schemas))] + ["plain"]
+    for t in (topic, small, warm_topic):
+        http.create_topic(t)
+        for channel in channels:
+            http.create_channel(t, channel)
+    results: dict[str, Any] = {}
+
+    def publish(df: Any, to: str) -> None:
+        (
+            df.write.format("nsq")
+            .option("nsqd_tcp_addresses", nsqd.tcp_address)
+            .option("topic", to)
+            .mode("append")
+            .save()
+        )
+
+    def parallel(to: str, count: int, name: str, channel: str, schema: str) -> Any:
+        return _source(
+            spark,
+            http,
+            nsqd,
+            to,
+            count,
+            work / f"checkpoint-{name}",
+            channel=channel,
+            schema=None if schema == "all" else schema,
+            nsqd_http_addresses=nsqd.http_address,
+            parallelism=args.parallelism,
+            staging_location=work / f"staging-{name}",
+            **({} if args.per_batch is None else {"max_messages_per_batch": args.per_batch}),
+        )
+
+    # start the executors and their Python workers, and warm the JVMs on the sink's path
+    # (an application's first Python data source write pays Spark's warm-up), before timing
+    publish(_rows(spark, 1000 if args.cold else args.warm_rows, size), "warmup")
+    cpu = _cpu()
+    start = time.perf_counter()
+    publish(_rows(spark, n, size), topic)
+    sink_s = time.perf_counter() - start
+    results["sink"] = {"seconds": sink_s, "rows_per_s": n / sink_s, "cpu": _cpu_since(cpu, n)}
+    stats = http.topic_stats(topic, include_clients=False) or {}
+    assert stats.get("message_count") == n, stats
+    cpu = _cpu()
+    producer_s = _run_python(_PRODUCER, nsqd.tcp_address, plain_topic, n, size)
+    results["producer"] = {
+        "seconds": producer_s,
+        "rows_per_s": n / producer_s,
+        "cpu": _cpu_since(cpu, n),  # includes building the bodies, untimed
+    }
+    print(f"sink {n / sink_s:,.0f} rows/s, producer {n / producer_s:,.0f} rows/s", flush=True)
+    if not args.cold:
+        publish(_rows(spark, args.warm_rows, size), warm_topic)
+        for i, schema in enumerate(schemas):
+            results[f"first_query {schema}"] = first = parallel(
+                warm_topic, args.warm_rows, f"warmup{i}", f"spark{i}", schema
+            )
+            print(f"warm-up query ({schema}): {first['seconds']:.1f} s", flush=True)
+    for i, schema in enumerate(schemas):
+        results[f"parallel {schema}"] = parallel(topic, n, f"parallel{i}", f"spark{i}", schema)
+        print(f"parallel source ({schema}): {results[f'parallel {schema}']}", flush=True)
+    cpu = _cpu()
+    consumer_s = _run_python(_CONSUMER, nsqd.tcp_address, topic, "plain", n)
+    results["consumer"] = {
+        "seconds": consumer_s,
+        "rows_per_s": n / consumer_s,
+        "cpu": _cpu_since(cpu, n),
+    }
+    print(f"consumer {n / consumer_s:,.0f} rows/s", flush=True)
+    if nd:
+        publish(_rows(spark, nd, size), small)
+        results["driver"] = _source(
+            spark, http, nsqd, small, nd, work / "checkpoint-driver", channel="spark0"
+        )
+        consumer_small_s = _run_python(_CONSUMER, nsqd.tcp_address, small, "plain", nd)
+        results["consumer_small"] = {
+            "seconds": consumer_small_s,
+            "rows_per_s": nd / consumer_small_s,
+        }
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="nsq_sync.spark benchmark")
     parser.add_argument("--rows", type=int, default=1_000_000, help="sink and parallel source")
-    parser.add_argument("--driver-rows", type=int, default=100_000, help="driver-side source")
+    parser.add_argument(
+        "--driver-rows", type=int, default=0, help="driver-side source (0: not measured)"
+    )
     parser.add_argument("--size", type=int, default=100, help="body bytes")
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument(
@@ -247,6 +329,18 @@ def main(argv: list[str] | None = None) -> int:
         "--executors", type=int, default=2, help="1-core executors (the worker offers 2 cores)"
     )
     parser.add_argument(
+        "--nsqd",
+        choices=("memory", "defaults", "both"),
+        default="both",
+        help="nsqd's settings: backlog in memory, nsqd's defaults, or both (in that order)",
+    )
+    parser.add_argument(
+        "--schemas",
+        default="all;id string, body binary",
+        help="the parallel source's schemas, ';'-separated ('all': the seven columns)",
+    )
+    parser.add_argument("--no-floors", action="store_true", help="skip Spark's floors")
+    parser.add_argument(
         "--cold", action="store_true", help="no warm-up streaming query before the timed ones"
     )
     parser.add_argument(
@@ -254,170 +348,122 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from nsq_sync import NsqdHTTPClient
     from nsq_sync.testing import NsqdProcess
     from nsq_sync.testing.spark_cluster import SparkStandaloneCluster
 
     work = Path(tempfile.mkdtemp(prefix="spark_bench_"))
-    n, size, nd = args.rows, args.size, args.driver_rows
+    schemas = [s.strip() for s in args.schemas.split(";") if s.strip()]
+    settings = ["memory", "defaults"] if args.nsqd == "both" else [args.nsqd]
     results: dict[str, Any] = {
-        "rows": n,
-        "driver_rows": nd,
-        "body_bytes": size,
+        "rows": args.rows,
+        "driver_rows": args.driver_rows,
+        "body_bytes": args.size,
         "cpus": os.cpu_count(),
         "executors": args.executors,
         "parallelism": args.parallelism,
         "per_batch": args.per_batch,
         "cold": args.cold,
         "warm_rows": 0 if args.cold else args.warm_rows,
+        "schemas": schemas,
         "load_before": os.getloadavg(),
     }
-    with NsqdProcess(work_dir=work / "nsqd") as nsqd:  # nsqd's defaults
-        http = NsqdHTTPClient(nsqd.http_address)
-        topic, small, plain_topic = "spark_bench", "spark_small", "plain_bench"
-        warm_topic = "spark_warmup"
-        for t in (topic, small, warm_topic):
-            http.create_topic(t)
-            for channel in ("spark", "plain"):
-                http.create_channel(t, channel)
-        with SparkStandaloneCluster(work / "spark", cores=2, memory="2g") as cluster:
-            from nsq_sync.spark import NsqDataSource
+    with SparkStandaloneCluster(work / "spark", cores=2, memory="2g") as cluster:
+        from nsq_sync.spark import NsqDataSource
 
-            spark = cluster.session(
-                "nsq_sync spark bench",
-                **{
-                    "spark.cores.max": str(args.executors),
-                    "spark.executor.cores": "1",
-                    "spark.executor.memory": "900m",
-                },
-            )
-            spark.sparkContext.setLogLevel("WARN")
-            spark.dataSource.register(NsqDataSource)
-
-            def rows(count: int) -> Any:
-                return spark.range(count, numPartitions=2).selectExpr(
-                    f"substring(concat(repeat('x', {size}), cast(id as string)), -{size}) AS body"
-                )
-
-            def publish(df: Any, to: str) -> None:
-                (
-                    df.write.format("nsq")
-                    .option("nsqd_tcp_addresses", nsqd.tcp_address)
-                    .option("topic", to)
-                    .mode("append")
-                    .save()
-                )
-
-            # start the executors and their Python workers before timing
-            publish(
-                spark.range(1000, numPartitions=2).selectExpr("cast(id as string) AS body"),
-                "warmup",
-            )
-
-            cpu = _cpu()
-            start = time.perf_counter()
-            publish(rows(n), topic)
-            sink_s = time.perf_counter() - start
-            sink_cpu = _cpu_since(cpu, n)
-            stats = http.topic_stats(topic, include_clients=False) or {}
-            assert stats.get("message_count") == n, stats
-            cpu = _cpu()
-            producer_s = _run_python(_PRODUCER, nsqd.tcp_address, plain_topic, n, size)
-            results["sink"] = {"seconds": sink_s, "rows_per_s": n / sink_s, "cpu": sink_cpu}
-            results["producer"] = {
-                "seconds": producer_s,
-                "rows_per_s": n / producer_s,
-                "cpu": _cpu_since(cpu, n),  # includes building the bodies, untimed
-            }
-            print(
-                f"sink {n / sink_s:,.0f} rows/s, producer {n / producer_s:,.0f} rows/s", flush=True
-            )
-            publish(rows(nd), small)
-
-            def parallel(to: str, count: int, name: str) -> Any:
-                return _source(
-                    spark,
-                    http,
-                    nsqd,
-                    to,
-                    count,
-                    work / f"checkpoint-{name}",
-                    nsqd_http_addresses=nsqd.http_address,
-                    parallelism=args.parallelism,
-                    staging_location=work / f"staging-{name}",
-                    **(
-                        {} if args.per_batch is None else {"max_messages_per_batch": args.per_batch}
-                    ),
-                )
-
-            if not args.cold:
-                publish(rows(args.warm_rows), warm_topic)
-                results["first_query"] = parallel(warm_topic, args.warm_rows, "warmup")
-                print(
-                    f"warm-up: the first streaming query took {results['first_query']['seconds']:.1f} s "
-                    f"for {args.warm_rows:,} rows",
-                    flush=True,
-                )
-
-            results["parallel"] = parallel(topic, n, "parallel")
-            print(f"parallel source: {results['parallel']}", flush=True)
-            cpu = _cpu()
-            consumer_s = _run_python(_CONSUMER, nsqd.tcp_address, topic, "plain", n)
-            results["consumer"] = {
-                "seconds": consumer_s,
-                "rows_per_s": n / consumer_s,
-                "cpu": _cpu_since(cpu, n),
-            }
-
-            results["driver"] = _source(spark, http, nsqd, small, nd, work / "checkpoint-driver")
-            print(f"driver source: {results['driver']}", flush=True)
-            consumer_small_s = _run_python(_CONSUMER, nsqd.tcp_address, small, "plain", nd)
-            results["consumer_small"] = {
-                "seconds": consumer_small_s,
-                "rows_per_s": nd / consumer_small_s,
-            }
-            spark.stop()
+        spark = cluster.session(
+            "nsq_sync spark bench",
+            **{
+                "spark.cores.max": str(args.executors),
+                "spark.executor.cores": "1",
+                "spark.executor.memory": "900m",
+            },
+        )
+        spark.sparkContext.setLogLevel("WARN")
+        spark.dataSource.register(NsqDataSource)
+        for name in settings:
+            flags = _SETTINGS[name]
+            with NsqdProcess(work_dir=work / f"nsqd-{name}", extra_args=flags) as nsqd:
+                print(f"--- nsqd {name} {flags}", flush=True)
+                results[name] = _setting(spark, args, nsqd, work / name, schemas)
+                results[name]["nsqd_args"] = flags
+        if not args.no_floors:
+            results["floors"] = _floors(spark, args.rows, schemas, args.parallelism, work)
+        spark.stop()
     results["load_after"] = os.getloadavg()
-    results["sink_vs_producer"] = results["sink"]["rows_per_s"] / results["producer"]["rows_per_s"]
-    results["parallel_vs_consumer"] = (
-        results["parallel"]["rows_per_s"] / results["consumer"]["rows_per_s"]
-    )
-    results["driver_vs_consumer"] = (
-        results["driver"]["rows_per_s"] / results["consumer_small"]["rows_per_s"]
-    )
+    _ratios(results, settings, schemas)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "spark.json").write_text(json.dumps(results, indent=2))
-    print(
-        f"{size}-byte bodies, {os.cpu_count()} CPUs, Spark standalone "
-        f"({args.executors} executor(s) of 1 core)"
-    )
-    print(f"{'':44}{'rows':>10}{'rows/s':>12}{'seconds':>10}")
-    for key, label, count in (
-        ("sink", "sink: df.write.format('nsq')", n),
-        ("producer", "one Producer process, MPUB 500", n),
-        ("parallel", f"parallel source ({args.parallelism}) -> noop", n),
-        ("consumer", "one Consumer process, same topic", n),
-        ("driver", "driver-side source -> noop", nd),
-        ("consumer_small", "one Consumer process, same topic", nd),
-    ):
-        r = results[key]
-        print(f"{label:44}{count:>10,}{r['rows_per_s']:>12,.0f}{r['seconds']:>10.1f}")
-    print(f"sink / producer: {results['sink_vs_producer']:.3f}")
-    print(f"parallel source / consumer: {results['parallel_vs_consumer']:.3f}")
-    print(f"driver-side source / consumer: {results['driver_vs_consumer']:.3f}")
-    print("CPU, microseconds per row (all processes on the machine that take part):")
-    for key in ("sink", "producer", "parallel", "consumer"):
-        print(
-            f"  {key:10}{results[key]['cpu']['total_us_per_row']:>8}  {results[key]['cpu']['us_per_row']}"
-        )
-    for key in ("parallel", "driver"):
-        r = results[key]
-        print(
-            f"{key}: {r['batches_with_rows']} batches with rows in the last 100; channel "
-            f"depth after: {r['channel_depth_after']}"
-        )
+    _print(results, args, settings, schemas)
     return 0
+
+
+def _ratios(results: dict[str, Any], settings: list[str], schemas: list[str]) -> None:
+    """The ratios the docs report, each from this run's figures."""
+    floors = results.get("floors", {})
+    for name in settings:
+        r = results[name]
+        ratios: dict[str, float] = {}
+        consumer = r["consumer"]["rows_per_s"]
+        for schema in schemas:
+            rate = r[f"parallel {schema}"]["rows_per_s"]
+            ratios[f"parallel {schema} / consumer"] = rate / consumer
+            if f"source {schema}" in floors:
+                ratios[f"parallel {schema} / Spark floor"] = (
+                    rate / floors[f"source {schema}"]["rows_per_s"]
+                )
+        sink, producer = r["sink"]["rows_per_s"], r["producer"]["rows_per_s"]
+        ratios["sink / producer"] = sink / producer
+        if "sink" in floors:
+            ratios["sink / min(Spark floor, producer)"] = sink / min(
+                floors["sink"]["rows_per_s"], producer
+            )
+        if "driver" in r:
+            ratios["driver-side / consumer"] = (
+                r["driver"]["rows_per_s"] / r["consumer_small"]["rows_per_s"]
+            )
+        r["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+
+
+def _print(
+    results: dict[str, Any], args: argparse.Namespace, settings: list[str], schemas: list[str]
+) -> None:
+    n = args.rows
+    print(
+        f"{args.size}-byte bodies, {os.cpu_count()} CPUs, Spark standalone "
+        f"({args.executors} executor(s) of 1 core), parallelism {args.parallelism}"
+    )
+    print(f"{'':54}{'rows':>10}{'rows/s':>12}{'seconds':>9}{'CPU us/row':>12}")
+
+    def line(label: str, r: dict[str, Any], count: int) -> None:
+        cpu = r.get("cpu", {}).get("total_us_per_row", "")
+        print(f"{label:54}{count:>10,}{r['rows_per_s']:>12,.0f}{r['seconds']:>9.1f}{cpu:>12}")
+
+    for name in settings:
+        r = results[name]
+        print(f"nsqd {name} {r['nsqd_args']}")
+        line("  sink: df.write.format('nsq')", r["sink"], n)
+        line("  one Producer process, MPUB 500", r["producer"], n)
+        for schema in schemas:
+            line(f"  parallel source -> noop ({schema})", r[f"parallel {schema}"], n)
+        line("  one Consumer process, same topic", r["consumer"], n)
+        if "driver" in r:
+            line("  driver-side source -> noop", r["driver"], args.driver_rows)
+            line("  one Consumer process, same topic", r["consumer_small"], args.driver_rows)
+        for key, value in r["ratios"].items():
+            print(f"  {key}: {value:.3f}")
+    floors = results.get("floors", {})
+    if floors:
+        print("Spark's floors (no NSQ)")
+        for key, r in floors.items():
+            line(f"  {key}", r, n)
+    print("CPU, microseconds per row, by process group:")
+    for name in settings:
+        for key in ("sink", "producer", *(f"parallel {s}" for s in schemas), "consumer"):
+            r = results[name][key]
+            print(f"  {name} {key}: {r['cpu']['total_us_per_row']}  {r['cpu']['us_per_row']}")
+    for key, r in floors.items():
+        print(f"  floor {key}: {r['cpu']['total_us_per_row']}  {r['cpu']['us_per_row']}")
 
 
 if __name__ == "__main__":

@@ -19,20 +19,43 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.spark_bench import _cpu, _cpu_since
+from bench.cpu import cpu_since as _cpu_since
+from bench.cpu import cpu_totals as _cpu
 
-_COLUMNS = (
+#: the nsq source's columns
+ALL = (
     "id string, body binary, timestamp timestamp, attempts int, nsqd_address string, "
     "topic string, channel string"
 )
 
 
-def _data_source() -> Any:
+def _column(name: str, size: int) -> Any:
+    """``size`` values of one of the source's columns, as the source builds them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if name == "id":
+        return pa.array([b"%016x" % i for i in range(size)], pa.binary()).cast(pa.string())
+    if name == "body":
+        return pa.array([b"x" * 100] * size, pa.binary())
+    if name == "timestamp":
+        now = pa.array([time.time_ns()] * size, pa.int64())
+        return pc.divide(now, 1000).cast(pa.timestamp("us", tz="UTC"))
+    if name == "attempts":
+        return pa.array([1] * size, pa.int32())
+    value = {"nsqd_address": "127.0.0.1:4150", "topic": "topic", "channel": "spark"}[name]
+    return pa.repeat(pa.scalar(value, pa.string()), size)
+
+
+def passthrough_source() -> Any:
+    """Data source ``passthrough``: option ``columns`` ("all" or a DDL subset of the source's
+    columns), ``rows``, ``partitions``, ``batch`` (rows per Arrow batch)."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     class Reader(DataSourceReader):  # type: ignore[misc]
-        def __init__(self, options: dict[str, str]) -> None:
+        def __init__(self, options: dict[str, str], names: list[str]) -> None:
             self.options = options
+            self.names = names
 
         def partitions(self) -> list[Any]:
             n = int(self.options["partitions"])
@@ -40,34 +63,12 @@ def _data_source() -> Any:
 
         def read(self, partition: Any) -> Any:
             import pyarrow as pa
-            import pyarrow.compute as pc
 
             rows = int(self.options["rows"]) // int(self.options["partitions"])
             size = int(self.options["batch"])
-            body = pa.array([b"x" * 100] * size, pa.binary())
-            if self.options["columns"] == "body":
-                batch = pa.RecordBatch.from_arrays([body], names=["body"])
-            else:
-
-                def repeat(value: str) -> Any:
-                    return pa.DictionaryArray.from_arrays(
-                        pa.array([0] * size, pa.int32()), pa.array([value])
-                    ).cast(pa.string())
-
-                ids = pa.array([b"%016x" % i for i in range(size)], pa.binary()).cast(pa.string())
-                now = pa.array([time.time_ns()] * size, pa.int64())
-                batch = pa.RecordBatch.from_arrays(
-                    [
-                        ids,
-                        body,
-                        pc.divide(now, 1000).cast(pa.timestamp("us", tz="UTC")),
-                        pa.array([1] * size, pa.int32()),
-                        repeat("127.0.0.1:4150"),
-                        repeat("topic"),
-                        repeat("spark"),
-                    ],
-                    names=[c.split()[0] for c in _COLUMNS.split(", ")],
-                )
+            batch = pa.RecordBatch.from_arrays(
+                [_column(name, size) for name in self.names], names=self.names
+            )
             for _ in range(rows // size):
                 yield batch
 
@@ -77,12 +78,97 @@ def _data_source() -> Any:
             return "passthrough"
 
         def schema(self) -> str:
-            return "body binary" if self.options.get("columns") == "body" else _COLUMNS
+            columns = self.options.get("columns", "all")
+            return ALL if columns == "all" else columns
 
         def reader(self, schema: Any) -> Any:
-            return Reader(self.options)
+            return Reader(self.options, schema.fieldNames())
 
     return PassThrough
+
+
+def streaming_passthrough_source() -> Any:
+    """Data source ``passthrough_stream``: a streaming source whose one micro-batch is ``rows``
+    rows, in ``partitions`` partitions yielding ready-made Arrow batches of ``batch`` rows of
+    ``columns`` (as :func:`passthrough_source`): Spark's floor for the nsq parallel source run
+    the same way (availableNow into ``noop``), its query start and closing batch included."""
+    from pyspark.sql.datasource import DataSource, InputPartition
+    from pyspark.sql.streaming.datasource import (
+        DataSourceStreamReader,
+        SupportsTriggerAvailableNow,
+    )
+
+    class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+        def __init__(self, options: dict[str, str], names: list[str]) -> None:
+            self.options = options
+            self.names = names
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"batch": 0}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def latestOffset(self, start: Any = None, limit: Any = None) -> dict[str, int]:
+            # one batch with the rows, then the empty batch that commits it (as the nsq source)
+            return {"batch": min(2, int((start or {"batch": 0})["batch"]) + 1)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Any]:
+            n = int(self.options["partitions"]) if end["batch"] == 1 else 0
+            return [InputPartition(i) for i in range(n)] or [InputPartition(-1)]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+
+            if partition.value < 0:
+                return
+            rows = int(self.options["rows"]) // int(self.options["partitions"])
+            size = int(self.options["batch"])
+            batch = pa.RecordBatch.from_arrays(
+                [_column(name, size) for name in self.names], names=self.names
+            )
+            for _ in range(rows // size):
+                yield batch
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+    class PassThroughStream(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "passthrough_stream"
+
+        def schema(self) -> str:
+            columns = self.options.get("columns", "all")
+            return ALL if columns == "all" else columns
+
+        def streamReader(self, schema: Any) -> Any:
+            return StreamReader(self.options, schema.fieldNames())
+
+    return PassThroughStream
+
+
+def drop_sink() -> Any:
+    """Data source ``drop``: a Python Arrow writer that drops every batch (Spark's floor for a
+    Python sink)."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class Writer(DataSourceArrowWriter):  # type: ignore[misc]
+        def write(self, iterator: Any) -> Any:
+            rows = 0
+            for batch in iterator:
+                rows += batch.num_rows
+            return WriterCommitMessage()
+
+    class Drop(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "drop"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return Writer()
+
+    return Drop
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         spark.sparkContext.setLogLevel("WARN")
-        spark.dataSource.register(_data_source())
+        spark.dataSource.register(passthrough_source())
 
         def run(columns: str, batch: int, rows: int) -> tuple[float, dict[str, Any]]:
             df = (
@@ -120,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             df.write.format("noop").mode("overwrite").save()
             return time.perf_counter() - start, _cpu_since(cpu, rows)
 
-        for columns in ("source", "body"):  # warm the JVMs and Python workers
+        for columns in ("all", "body binary"):  # warm the JVMs and Python workers
             run(columns, 1000, 200_000)
         print(f"{'columns':8}{'batch':>8}{'rows/s':>12}  CPU us/row: total (per group)")
-        for columns in ("source", "body"):
+        for columns in ("all", "body binary"):
             for batch in (int(b) for b in args.batches.split(",")):
                 seconds, cpu = run(columns, batch, args.rows)
                 print(

@@ -60,6 +60,7 @@ def main() -> None:
         names = source_struct().fieldNames()
 
         def read(batch: int, rows: int) -> tuple[int, float, float]:
+            staging.open_batch(batch)  # what the driver does when it plans the batch
             start, cpu = time.perf_counter(), _cpu()
             got = sum(
                 b.num_rows

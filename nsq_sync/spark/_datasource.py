@@ -107,14 +107,35 @@ class NsqDataSource(DataSource):
 
 
 def _source_schema(schema: StructType | None) -> StructType:
-    """The source's columns; a user schema naming other columns raises ConfigError."""
-    expected = source_struct()
-    if schema is not None and [f.name for f in schema.fields] != expected.fieldNames():
-        raise ConfigError(
-            f"the nsq source produces the columns {SOURCE_SCHEMA}; do not set another schema "
-            f"(got {schema.simpleString()})"
-        )
-    return expected
+    """The columns the source builds: all of :data:`SOURCE_SCHEMA`, or the ones a user schema
+    (``spark.readStream.schema(...)``) selects, in its order.
+
+    Raises:
+        ConfigError: the user schema names a column the source does not have, one twice, or
+            one with another type.
+    """
+    every = source_struct()
+    if schema is None:
+        return every
+    types = {f.name: f.dataType for f in every.fields}
+    seen: set[str] = set()
+    for field in schema.fields:
+        if field.name not in types:
+            raise ConfigError(
+                f"the nsq source has no column {field.name!r}: a schema selects columns of "
+                f"{SOURCE_SCHEMA}"
+            )
+        if field.name in seen:
+            raise ConfigError(f"the schema names column {field.name!r} twice")
+        if field.dataType != types[field.name]:
+            raise ConfigError(
+                f"column {field.name!r} of the nsq source is "
+                f"{types[field.name].simpleString()}, not {field.dataType.simpleString()}"
+            )
+        seen.add(field.name)
+    if not seen:
+        raise ConfigError(f"the schema selects no column of {SOURCE_SCHEMA}")
+    return StructType([StructField(f.name, types[f.name]) for f in schema.fields])
 
 
 def _sink_columns(schema: StructType, topic_option: str | None, overwrite: bool) -> dict[str, Any]:

@@ -54,33 +54,65 @@ class NsqPartition:
 
 
 def messages_to_arrow(messages: list[Message], options: SourceOptions, names: list[str]) -> Any:
-    """Messages as one Arrow RecordBatch with the source's columns. Per message, Python only
-    reads one attribute per column: Arrow does the conversions."""
+    """Messages as one Arrow RecordBatch of the columns ``names`` (the query's schema: a column
+    nobody selected is never built). Per message, Python reads one attribute per column it
+    builds; Arrow does the conversions; topic, channel and (from one nsqd) nsqd_address are
+    one value repeated."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [_COLUMNS[name](messages, options) for name in names], names=names
+    )
+
+
+def _ids(messages: list[Message], options: SourceOptions) -> Any:
+    import pyarrow as pa
+
+    raw = pa.array([m.id for m in messages], pa.binary())
+    try:
+        return raw.cast(pa.string())
+    except pa.ArrowInvalid:  # never from a real nsqd (its ids are hex): keep the row anyway
+        return pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string())
+
+
+def _bodies(messages: list[Message], options: SourceOptions) -> Any:
+    import pyarrow as pa
+
+    return pa.array([m.body for m in messages], pa.binary())
+
+
+def _timestamps(messages: list[Message], options: SourceOptions) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    n = len(messages)
-    raw_ids = pa.array([m.id for m in messages], pa.binary())
-    try:
-        ids = raw_ids.cast(pa.string())
-    except pa.ArrowInvalid:  # never from a real nsqd (its ids are hex): keep the row anyway
-        ids = pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string())
     nanos = pa.array([m.timestamp for m in messages], pa.int64())
+    return pc.divide(nanos, 1000).cast(_timestamp_type())
+
+
+def _attempts(messages: list[Message], options: SourceOptions) -> Any:
+    import pyarrow as pa
+
+    return pa.array([m.attempts for m in messages], pa.int32())
+
+
+def _addresses(messages: list[Message], options: SourceOptions) -> Any:
+    import pyarrow as pa
+
     addresses = {m.nsqd_address for m in messages}
-    return pa.RecordBatch.from_arrays(
-        [
-            ids,
-            pa.array([m.body for m in messages], pa.binary()),
-            pc.divide(nanos, 1000).cast(_timestamp_type()),
-            pa.array([m.attempts for m in messages], pa.int32()),
-            _repeat(addresses.pop(), n)
-            if len(addresses) == 1
-            else pa.array([m.nsqd_address for m in messages], pa.string()),
-            _repeat(options.topic, n),
-            _repeat(options.channel, n),
-        ],
-        names=names,
-    )
+    if len(addresses) == 1:
+        return _repeat(addresses.pop(), len(messages))
+    return pa.array([m.nsqd_address for m in messages], pa.string())
+
+
+_COLUMNS = {
+    "id": _ids,
+    "body": _bodies,
+    "timestamp": _timestamps,
+    "attempts": _attempts,
+    "nsqd_address": _addresses,
+    "topic": lambda messages, options: _repeat(options.topic, len(messages)),
+    "channel": lambda messages, options: _repeat(options.channel, len(messages)),
+}
 
 
 def _timestamp_type() -> Any:
@@ -188,7 +220,7 @@ def _read_partition(
             len(manifest.chunks),
         )
         for name in manifest.chunks:
-            yield from stage.read_chunk(name)
+            yield from stage.read_chunk(name, names)
         return
     if not stage.batch_open():
         raise Superseded(
@@ -202,7 +234,7 @@ def _read_partition(
     rows: dict[str, int] = {}  # chunk name -> rows, in the order they went to Spark
     adopted = stage.complete_chunks()
     for name in adopted:
-        rows[name] = yield from _replay(stage, name)
+        rows[name] = yield from _replay(stage, name, names)
     remaining = partition.max_rows - sum(rows.values())
     summary: list[Any] = []
     if remaining > 0 and not stage.sealed():
@@ -216,7 +248,7 @@ def _read_partition(
     stage.seal(attempt)
     late = [name for name in stage.complete_chunks() if name not in rows]
     for name in late:  # a concurrent attempt's (speculation) or a dead sealer's
-        rows[name] = yield from _replay(stage, name)
+        rows[name] = yield from _replay(stage, name, names)
     consumed = sum(rows.values()) - sum(rows[name] for name in adopted + late)
     if stage.manifest() is None:
         stage.write_manifest(
@@ -246,10 +278,10 @@ def _committed_meanwhile(stage: PartitionStage) -> Superseded:
     )
 
 
-def _replay(stage: PartitionStage, name: str) -> Generator[Any, None, int]:
-    """Yield one staged chunk's record batches; return its row count."""
+def _replay(stage: PartitionStage, name: str, names: list[str]) -> Generator[Any, None, int]:
+    """Yield one staged chunk's record batches (the columns ``names``); return its row count."""
     count = 0
-    for batch in stage.read_chunk(name):
+    for batch in stage.read_chunk(name, names):
         count += batch.num_rows
         yield batch
     return count

@@ -297,16 +297,31 @@ class PartitionStage:
         self._put(name, write)
         return name
 
-    def read_chunk(self, name: str) -> Iterator[Any]:
-        """The record batches of one staged chunk."""
+    def read_chunk(self, name: str, columns: list[str] | None = None) -> Iterator[Any]:
+        """The record batches of one staged chunk; with ``columns``, those columns, in order.
+
+        Raises:
+            ConfigError: the chunk lacks one of ``columns`` (it was staged by a query whose
+                schema selected fewer columns, and is replayed with a wider one).
+        """
         import pyarrow as pa
 
         with self.fs.open_input_stream(f"{self.dir}/{name}") as inp:
             table = pa.ipc.open_stream(inp).read_all()
+        if columns is not None and table.column_names != columns:
+            missing = [c for c in columns if c not in table.column_names]
+            if missing:
+                raise ConfigError(
+                    f"staged chunk {self.dir}/{name} has no column(s) {missing}: it was staged "
+                    f"with the schema {table.column_names}; a query replaying it must select "
+                    "no column its staged batches lack (restore the schema, or start a new "
+                    "checkpoint and staging location)"
+                )
+            table = table.select(columns)
         yield from table.to_batches()
 
     def chunk_rows(self, name: str) -> int:
-        return sum(b.num_rows for b in self.read_chunk(name))
+        return sum(b.num_rows for b in self.read_chunk(name, None))
 
     def write_manifest(
         self, chunks: list[str], rows: list[int], adopted: int, info: dict[str, Any]

@@ -574,3 +574,24 @@ def test_a_read_closed_early_leaves_its_chunks_to_the_next_read(
     assert rows[: first.num_rows] == first.column("body").to_pylist()
     assert len(rows) == 300 and len(set(rows)) == 300 and set(rows) <= set(bodies)
     assert _settled(nsqd, nsq_topic)["depth"] == 100
+
+
+def test_a_partition_staged_with_selected_columns_replays_them_and_names_what_is_missing(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    """A query's schema selects the columns staged; its replay (a task retry, a driver restart)
+    yields the same columns, a narrower schema gets its subset, and a wider one is refused
+    naming the missing columns instead of handing Spark batches of the wrong shape."""
+    bodies = preload(nsqd.tcp_address, nsq_topic, 50)
+    options = _options(nsqd, nsq_topic, tmp_path / "staging", chunk_size=20)
+    staging = _staging(tmp_path / "staging", 1)
+    part = NsqPartition(batch=1, index=0, max_rows=50)
+    first = list(read_partition(part, options, staging, ["id", "body"]))
+    assert [b.schema.names for b in first] == [["id", "body"]]
+    assert sorted(_bodies(first)) == sorted(bodies)
+    again = list(read_partition(part, options, staging, ["id", "body"]))
+    assert [b.to_pylist() for b in again] == [b.to_pylist() for b in first]
+    narrower = list(read_partition(part, options, staging, ["body"]))
+    assert _bodies(narrower) == _bodies(first) and narrower[0].schema.names == ["body"]
+    with pytest.raises(ConfigError, match=r"no column\(s\) \['timestamp'\]"):
+        list(read_partition(part, options, staging, ["id", "body", "timestamp"]))

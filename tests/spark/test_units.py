@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
 from nsq_sync.errors import ConfigError, InvalidBody
+from nsq_sync.message import Message
 from nsq_sync.spark import NsqDataSource
 from nsq_sync.spark._datasource import source_struct
 from nsq_sync.spark._options import sink_options, source_options
+from nsq_sync.spark._partition import messages_to_arrow
 from nsq_sync.spark._sink import NsqCommitMessage, NsqWriter, PartitionPublisher, summarize
 from nsq_sync.spark._source import NsqStreamReader
 
@@ -101,10 +103,40 @@ def test_source_defaults() -> None:
     assert source_options({**SOURCE, "MSG_TIMEOUT": "5s"}).config.msg_timeout == 5.0
 
 
-def test_the_source_refuses_another_schema() -> None:
+def test_a_schema_selects_the_columns_the_source_builds() -> None:
+    """``spark.readStream.schema("id string, body binary")``: both readers build only those
+    columns, in that order (a column nobody selects is never built)."""
     source = NsqDataSource(dict(SOURCE))
-    with pytest.raises(ConfigError, match="do not set another schema"):
-        source.simpleStreamReader(StructType([StructField("body", IntegerType())]))
+    chosen = StructType([StructField("body", BinaryType()), StructField("id", StringType())])
+    reader = source.simpleStreamReader(chosen)
+    assert reader.schema.fieldNames() == ["body", "id"]
+    assert source.simpleStreamReader(None).schema == source_struct()  # type: ignore[arg-type]
+    message = Message(b"0123456789abcdef", b"hello", 1_700_000_000_123_456_789, 2)
+    message.nsqd_address = "127.0.0.1:4150"
+    batch = messages_to_arrow([message], reader.options, reader.schema.fieldNames())
+    assert batch.schema.names == ["body", "id"]
+    assert batch.to_pylist() == [{"body": b"hello", "id": "0123456789abcdef"}]
+    every = messages_to_arrow([message], reader.options, source_struct().fieldNames())
+    assert every.to_pylist()[0]["attempts"] == 2 and every.num_columns == 7
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (
+            [StructField("body", IntegerType())],
+            "column 'body' of the nsq source is binary, not int",
+        ),
+        ([StructField("key", StringType())], "has no column 'key'"),
+        ([StructField("id", StringType())] * 2, "names column 'id' twice"),
+    ],
+)
+def test_a_schema_naming_another_column_or_type_is_refused(
+    fields: list[StructField], named: str
+) -> None:
+    source = NsqDataSource(dict(SOURCE))
+    with pytest.raises(ConfigError, match=named):
+        source.simpleStreamReader(StructType(fields))
 
 
 def test_sink_defaults_and_errors() -> None:

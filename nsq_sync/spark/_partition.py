@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,14 +104,22 @@ def _addresses(messages: list[Message], options: SourceOptions) -> Any:
     return pa.array([m.nsqd_address for m in messages], pa.string())
 
 
-_COLUMNS = {
+def _topics(messages: list[Message], options: SourceOptions) -> Any:
+    return _repeat(options.topic, len(messages))
+
+
+def _channels(messages: list[Message], options: SourceOptions) -> Any:
+    return _repeat(options.channel, len(messages))
+
+
+_COLUMNS: dict[str, Callable[[list[Message], SourceOptions], Any]] = {
     "id": _ids,
     "body": _bodies,
     "timestamp": _timestamps,
     "attempts": _attempts,
     "nsqd_address": _addresses,
-    "topic": lambda messages, options: _repeat(options.topic, len(messages)),
-    "channel": lambda messages, options: _repeat(options.channel, len(messages)),
+    "topic": _topics,
+    "channel": _channels,
 }
 
 

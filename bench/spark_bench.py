@@ -234,7 +234,9 @@ def _setting(
     http = NsqdHTTPClient(nsqd.http_address)
     topic, small, plain_topic, warm_topic = "spark_bench", "spark_small", "plain_bench", "warm"
     channels = [f"spark{i}" for i in range(len(schemas))] + ["plain"]
-    for t in (topic, small, warm_topic):
+    # the Producer's topic has the same channels as the sink's: nsqd copies each message to
+    # every channel, and both must pay nsqd the same
+    for t in (topic, small, warm_topic, plain_topic):
         http.create_topic(t)
         for channel in channels:
             http.create_channel(t, channel)

@@ -92,11 +92,8 @@ def streaming_passthrough_source() -> Any:
     rows, in ``partitions`` partitions yielding ready-made Arrow batches of ``batch`` rows of
     ``columns`` (as :func:`passthrough_source`): Spark's floor for the nsq parallel source run
     the same way (availableNow into ``noop``), its query start and closing batch included."""
-    from pyspark.sql.datasource import DataSource, InputPartition
-    from pyspark.sql.streaming.datasource import (
-        DataSourceStreamReader,
-        SupportsTriggerAvailableNow,
-    )
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
     class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
         def __init__(self, options: dict[str, str], names: list[str]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from nsq_sync.consumer.batch import BatchConsumer
 from nsq_sync.message import Message
+from nsq_sync.spark._executor import fewer_collections
 from nsq_sync.spark._options import SourceOptions
 from nsq_sync.spark._staging import PartitionStage, Staging
 
@@ -179,7 +180,8 @@ def read_partition(
     """
     rows = _read_partition(partition, options, staging, names)
     try:
-        yield from _joined(rows, yield_rows)
+        with fewer_collections():
+            yield from _joined(rows, yield_rows)
     finally:
         rows.close()
 

@@ -28,7 +28,7 @@ from pyspark.sql.datasource import (
 
 from nsq_sync.errors import ConfigError, InvalidBody, PublishError
 from nsq_sync.producer import Producer
-from nsq_sync.spark._executor import freeze_worker_heap
+from nsq_sync.spark._executor import fewer_collections, freeze_worker_heap
 from nsq_sync.spark._options import SinkOptions
 
 try:  # pyspark >= 4.1: the streaming writer gets Arrow batches too
@@ -201,13 +201,14 @@ def _publish_arrow(
     started = time.monotonic()
     publisher = PartitionPublisher(options, *_task_identity())
     try:
-        for batch in batches:
-            body = batch.column(columns["body"])
-            if columns["text"]:
-                body = body.cast(pa.binary())  # UTF-8 already: no copy
-            topic = None if columns["topic"] is None else batch.column(columns["topic"])
-            publisher.add_many(body.to_pylist(), None if topic is None else topic.to_pylist())
-        publisher.flush()
+        with fewer_collections():
+            for batch in batches:
+                body = batch.column(columns["body"])
+                if columns["text"]:
+                    body = body.cast(pa.binary())  # UTF-8 already: no copy
+                topic = None if columns["topic"] is None else batch.column(columns["topic"])
+                publisher.add_many(body.to_pylist(), None if topic is None else topic.to_pylist())
+            publisher.flush()
     finally:
         publisher.close()
     publisher.result.seconds = time.monotonic() - started

@@ -595,3 +595,22 @@ def test_a_partition_staged_with_selected_columns_replays_them_and_names_what_is
     assert _bodies(narrower) == _bodies(first) and narrower[0].schema.names == ["body"]
     with pytest.raises(ConfigError, match=r"no column\(s\) \['timestamp'\]"):
         list(read_partition(part, options, staging, ["id", "body", "timestamp"]))
+
+
+def test_a_partition_read_collects_less_often_until_it_ends(
+    nsqd: Any, nsq_topic: str, tmp_path: Path
+) -> None:
+    import gc
+
+    from nsq_sync.spark._executor import TASK_GC_THRESHOLD
+
+    preload(nsqd.tcp_address, nsq_topic, 30)
+    options = _options(nsqd, nsq_topic, tmp_path / "staging", chunk_size=10)
+    staging = _staging(tmp_path / "staging", 1)
+    before = gc.get_threshold()
+    during = [
+        gc.get_threshold()[0]
+        for _ in read_partition(NsqPartition(1, 0, 30), options, staging, NAMES)
+    ]
+    assert during and min(during) >= TASK_GC_THRESHOLD
+    assert gc.get_threshold() == before

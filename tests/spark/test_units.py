@@ -238,3 +238,20 @@ def test_an_executor_worker_freezes_its_long_lived_objects_once() -> None:
         [sys.executable, "-c", _FREEZE_PROBE], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_a_task_moving_rows_collects_less_often_and_restores_the_threshold() -> None:
+    """While a partition reads (or a sink task publishes), the young generation's threshold is
+    raised, so the collector does not walk the messages in flight every few hundred of them;
+    after it, even when the block fails, the worker's threshold is what it was."""
+    import gc
+
+    from nsq_sync.spark._executor import TASK_GC_THRESHOLD, fewer_collections
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    with pytest.raises(RuntimeError), fewer_collections():
+        seen.append(gc.get_threshold())
+        raise RuntimeError("the task failed")
+    assert seen == [(max(before[0], TASK_GC_THRESHOLD), *before[1:])]
+    assert gc.get_threshold() == before

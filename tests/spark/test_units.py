@@ -183,6 +183,30 @@ def test_partitions_publish_in_mpubs_within_max_body_size(nsqd: Any, nsq_topic: 
     assert isinstance(result, NsqCommitMessage)
 
 
+def test_a_batch_of_bodies_is_cut_into_mpubs_in_order(nsqd: Any, nsq_topic: str) -> None:
+    """The sink's bulk path (no topic column): Spark's Arrow batches become MPUBs of
+    ``batch_size`` across batch boundaries, each row once, as row-by-row adding does."""
+    from collections import Counter
+
+    from support.nsq import read_bodies
+
+    opts = sink_options(
+        {"nsqd_tcp_addresses": nsqd.tcp_address, "topic": nsq_topic, "batch_size": "100"}
+    )
+    publisher = PartitionPublisher(opts, partition_id=1)
+    bodies = [b"%04d" % i for i in range(330)]
+    try:
+        publisher.add(bodies[0], nsq_topic)
+        publisher.add_many(bodies[1:230], None)  # an open batch of 1 grows to 100, then 2 more
+        publisher.add_many(bodies[230:], None)
+        publisher.flush()
+    finally:
+        publisher.close()
+    assert publisher.result.messages == 330
+    assert publisher.result.mpubs == 4  # 100, 100, 100, 30
+    assert read_bodies(nsqd.tcp_address, nsqd.http_address, nsq_topic) == Counter(bodies)
+
+
 def test_empty_and_untopiced_rows_are_refused_naming_the_row() -> None:
     opts = sink_options({"nsqd_tcp_addresses": "127.0.0.1:1"})
     publisher = PartitionPublisher(opts, partition_id=0)

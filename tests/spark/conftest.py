@@ -130,15 +130,15 @@ def spark_connect(spark_connect_server: SparkConnectServer) -> Iterator[Any]:
     # (SPARK_CONNECT_MODE_ENABLED: pyspark.sql.functions then build Connect columns); the
     # classic session's tests that follow need it gone.
     marked = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
-    session = spark_connect_server.session()
     try:
-        session.dataSource.register(NsqDataSource)
-        yield session
-    finally:
+        session = spark_connect_server.session()
         try:
-            session.stop()
+            session.dataSource.register(NsqDataSource)
+            yield session
         finally:
-            if marked is None:
-                os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-            else:
-                os.environ["SPARK_CONNECT_MODE_ENABLED"] = marked
+            session.stop()
+    finally:
+        if marked is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        else:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = marked

@@ -338,7 +338,7 @@ class SparkConnectServer:
             raise SparkClusterError(f"this pyspark has no Spark Connect server ({script})")
         self.work_dir.mkdir(parents=True, exist_ok=True)
         (self.work_dir / "local").mkdir(exist_ok=True)
-        self.port = _free_port()
+        self.port = int(self.conf.get("spark.connect.grpc.binding.port") or _free_port())
         self.url = f"sc://127.0.0.1:{self.port}"
         conf = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -388,7 +388,8 @@ class SparkConnectServer:
         while True:
             if proc.poll() is not None:
                 raise SparkClusterError(
-                    f"the Spark Connect server exited with {proc.returncode}:\n{self.log_tail()}"
+                    f"the Spark Connect server exited with {proc.returncode}:\n"
+                    f"{self._failure_report()}"
                 )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
@@ -398,7 +399,7 @@ class SparkConnectServer:
             if time.monotonic() > deadline:
                 raise SparkClusterError(
                     f"timed out waiting for the Spark Connect server on {self.url}:\n"
-                    f"{self.log_tail()}"
+                    f"{self._failure_report()}"
                 )
             time.sleep(0.25)
 
@@ -447,6 +448,16 @@ class SparkConnectServer:
 
     def log_tail(self, lines: int = 60) -> str:
         return _tail(self.log_path, lines)
+
+    def _failure_report(self) -> str:
+        """The log's last ERROR lines (a stack trace's tail hides them), then its tail."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            text = []
+        errors = [line for line in text if " ERROR " in line][-5:]
+        head = "errors logged:\n" + "\n".join(errors) + "\n" if errors else ""
+        return f"{head}log ({self.log_path}), last lines:\n{self.log_tail(40)}"
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

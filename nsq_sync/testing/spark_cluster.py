@@ -1,8 +1,11 @@
-"""A real Spark standalone cluster (a master, one worker or more) on loopback, for tests, demos.
+"""A real Spark standalone cluster (a master, one worker or more) on loopback, and a Spark
+Connect server on it, for tests, demos.
 
 Each daemon has its own process group and dies with the process that started it (Linux
-``PR_SET_PDEATHSIG``), so a killed test run leaves no JVM behind. Needs pyspark and Java 17+;
-nothing is imported or started at import time.
+``PR_SET_PDEATHSIG``; the Connect server, whose JVM is a grandchild of pyspark's start script,
+through a watchdog process that kills its group when the starter's pipe closes), so a killed
+test run leaves no JVM behind. Needs pyspark and Java 17+; nothing is imported or started at
+import time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from typing import Any
 
 import requests
 
-__all__ = ["SparkClusterError", "SparkStandaloneCluster", "find_java", "spark_home"]
+__all__ = [
+    "SparkClusterError",
+    "SparkConnectServer",
+    "SparkStandaloneCluster",
+    "find_java",
+    "spark_home",
+]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -240,11 +249,245 @@ class SparkStandaloneCluster:
         return "\n".join(f"--- {p.name}\n{_tail(p, lines)}" for p in self._logs)
 
 
+#: Run beside a Connect server (``python -c``, argument: the server's process group): waits for
+#: its stdin to close, which happens when the process that started the server ends however it
+#: ends, then stops the group (SIGTERM, SIGKILL after 15 s). The server's JVM is a grandchild
+#: of pyspark's start script, out of reach of ``PR_SET_PDEATHSIG``.
+_WATCHDOG = """
+import os, signal, sys, time
+group = int(sys.argv[1])
+sys.stdin.buffer.read()
+for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        break
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+        time.sleep(0.2)
+"""
+
+
+class SparkConnectServer:
+    """A Spark Connect server (pyspark's ``sbin/start-connect-server.sh``) on loopback, its
+    application on a standalone master. Not thread-safe.
+
+    The server runs the ``nsq`` data source's Python (planning, the driver-side source) in
+    ``python``, and its executors run the same interpreter: both must have nsq_sync.
+
+    Args:
+        master_url: The ``spark://`` URL of the cluster its application runs on.
+        work_dir: Its log (``connect-server.log``), ``SPARK_LOG_DIR``, ``SPARK_PID_DIR`` and
+            ``spark.local.dir`` go here.
+        python: Interpreter of the server's and the executors' Python workers.
+        conf: Spark settings over the defaults (one 1-core executor of 512 MB, the UI off).
+    """
+
+    def __init__(
+        self,
+        master_url: str,
+        work_dir: str | os.PathLike[str],
+        *,
+        python: str = sys.executable,
+        conf: dict[str, str] | None = None,
+    ) -> None:
+        self.master_url = master_url
+        self.work_dir = Path(work_dir)
+        self.python = python
+        self.conf = dict(conf or {})
+        self.port = 0
+        self.url = ""
+        self.log_path = self.work_dir / "connect-server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        """The environment of the server (its Python workers inherit it)."""
+        env = dict(os.environ)
+        env.update(
+            SPARK_HOME=str(spark_home()),
+            SPARK_LOCAL_IP="127.0.0.1",
+            PYSPARK_PYTHON=self.python,
+            # the start script's own files, away from /tmp, where another server's would clash
+            SPARK_LOG_DIR=str(self.work_dir / "logs"),
+            SPARK_PID_DIR=str(self.work_dir / "pids"),
+        )
+        env.pop("SPARK_REMOTE", None)  # the server's own session must be a classic one
+        env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        java = find_java()
+        env.setdefault("JAVA_HOME", str(Path(java).resolve().parent.parent))
+        return env
+
+    def start(self, timeout: float = 180.0) -> SparkConnectServer:
+        """Start the server; return once it accepts connections on :attr:`url`.
+
+        Raises:
+            SparkClusterError: no pyspark, java or Connect jar, or the server exited or did
+                not come up within ``timeout`` (the message ends with its log's tail).
+        """
+        if self._proc is not None:
+            raise SparkClusterError("the Spark Connect server is already started")
+        deadline = time.monotonic() + timeout
+        env = self.env()
+        script = spark_home() / "sbin" / "start-connect-server.sh"
+        if not script.exists() or not list((spark_home() / "jars").glob("spark-connect_*.jar")):
+            raise SparkClusterError(f"this pyspark has no Spark Connect server ({script})")
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "local").mkdir(exist_ok=True)
+        self.port = int(self.conf.get("spark.connect.grpc.binding.port") or _free_port())
+        self.url = f"sc://127.0.0.1:{self.port}"
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.memory": "768m",
+            "spark.cores.max": "1",
+            "spark.executor.cores": "1",
+            "spark.executor.memory": "512m",
+            "spark.executorEnv.PYSPARK_PYTHON": self.python,
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.local.dir": str(self.work_dir / "local"),
+            **self.conf,
+        }
+        argv = [str(script), "--wait", "--master", self.master_url]
+        for key, value in conf.items():
+            argv += ["--conf", f"{key}={value}"]
+        with open(self.log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.work_dir,
+                start_new_session=True,  # its own process group: stop() kills it whole
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(self._proc.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # out of the server's group, and of a terminal's Ctrl-C
+        )
+        try:
+            self._wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        while True:
+            if proc.poll() is not None:
+                raise SparkClusterError(
+                    f"the Spark Connect server exited with {proc.returncode}:\n"
+                    f"{self._failure_report()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SparkClusterError(
+                    f"timed out waiting for the Spark Connect server on {self.url}:\n"
+                    f"{self._failure_report()}"
+                )
+            time.sleep(0.25)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the server was started and still runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server (its application ends and frees its executors' cores) and whatever
+        is left in its process group, then its watchdog. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            # SIGTERM: the JVM's shutdown hook ends the application, which frees its cores
+            _signal_group(proc, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                proc.poll()  # reap the script, the group's leader
+                time.sleep(0.1)
+            _signal_group(proc, signal.SIGKILL)  # whatever outlived the grace period
+            proc.wait()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            assert watchdog.stdin is not None
+            watchdog.stdin.close()  # the group is gone: it has nothing left to kill
+            try:
+                watchdog.wait(timeout)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                watchdog.wait()
+
+    def session(self) -> Any:
+        """A new Spark Connect session (``SparkSession.builder.remote(url).create()``) on this
+        server; needs pyspark's ``connect`` dependencies (grpcio...) in this process. pyspark
+        then marks the process as a Connect client (``SPARK_CONNECT_MODE_ENABLED``) for good:
+        remove it before a classic session is used again."""
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.remote(self.url).create()
+
+    def __enter__(self) -> SparkConnectServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _tail(self.log_path, lines)
+
+    def _failure_report(self) -> str:
+        """The log's last ERROR lines (a stack trace's tail hides them), then its tail."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            text = []
+        errors = [line for line in text if " ERROR " in line][-5:]
+        head = "errors logged:\n" + "\n".join(errors) + "\n" if errors else ""
+        return f"{head}log ({self.log_path}), last lines:\n{self.log_tail(40)}"
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group still runs (zombies, which an init that does not reap
+    may leave behind, do not count; Linux's /proc, else any member at all)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
 
 
 def _tail(path: Path, lines: int = 40) -> str:

@@ -1,5 +1,6 @@
 """One real Spark standalone cluster (master + worker on 127.0.0.1) and one SparkSession for the
-whole test session: starting Spark costs tens of seconds on a 2-core machine.
+whole test session: starting Spark costs tens of seconds on a 2-core machine. A Spark Connect
+server on that cluster serves the module that asks for it (test_connect.py), and only that one.
 
 Without pyspark or java these tests are skipped locally and fail in CI (``CI=true``): the
 py311-spark tox env must not go green by skipping them. The other tox envs do not collect this
@@ -16,7 +17,12 @@ from typing import Any
 import pytest
 from support.s3 import S3_ENV, S3Server, find_gofakes3
 
-from nsq_sync.testing.spark_cluster import SparkClusterError, SparkStandaloneCluster, find_java
+from nsq_sync.testing.spark_cluster import (
+    SparkClusterError,
+    SparkConnectServer,
+    SparkStandaloneCluster,
+    find_java,
+)
 
 
 def _in_ci() -> bool:
@@ -53,7 +59,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandaloneCluster]:
     """A Spark master and one 3-core worker on loopback (the session's app takes two cores, as
-    two 1-core executors, so that a spark-submit run can take the third)."""
+    two 1-core executors, so that a spark-submit run, or while its module runs the Spark
+    Connect server's app, can take the third)."""
     _need(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install nsq_sync[spark])")
     try:
         find_java()
@@ -92,3 +99,46 @@ def spark(
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_connect_server(
+    spark_cluster: SparkStandaloneCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SparkConnectServer]:
+    """A Spark Connect server (pyspark's ``sbin/start-connect-server.sh``) on ``spark_cluster``,
+    for one module, stopped after it: its application's one 1-core executor holds the worker's
+    third core, which the spark-submit tests (test_example.py, test_parallel.py) need later."""
+    try:
+        import pyspark.sql.connect.session  # noqa: F401  (checks grpcio, zstandard...)
+    except ImportError as exc:
+        _need(False, f"pyspark's Spark Connect client (pip install nsq_sync[spark-connect]): {exc}")
+    server = SparkConnectServer(spark_cluster.master_url, tmp_path_factory.mktemp("connect"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_connect(spark_connect_server: SparkConnectServer) -> Iterator[Any]:
+    """A Spark Connect session (``SparkSession.builder.remote(url)``) on the module's server,
+    with the nsq data source registered."""
+    from nsq_sync.spark import NsqDataSource
+
+    # Building a remote session marks this process as a Connect client for good
+    # (SPARK_CONNECT_MODE_ENABLED: pyspark.sql.functions then build Connect columns); the
+    # classic session's tests that follow need it gone.
+    marked = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    try:
+        session = spark_connect_server.session()
+        try:
+            session.dataSource.register(NsqDataSource)
+            yield session
+        finally:
+            session.stop()
+    finally:
+        if marked is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        else:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = marked

@@ -71,6 +71,8 @@ class ConnectionSet:
         # connections that answered CLS with CLOSE_WAIT: nsqd sends them nothing more
         self._close_waited: set[NsqdConnection] = set()
         self._timer_wakeup = runtime.event()
+        #: the deadline the RDY timer waits for (None: none, or not computed yet)
+        self._timer_waits_until: float | None = None
         self._timer: Task | None = None
 
     # ------------------------------------------------------------------ queries
@@ -181,7 +183,7 @@ class ConnectionSet:
                 return False
             self.counts["finished"] += n
             if rdy.budgeted:  # its deadlines may have moved
-                self._timer_wakeup.set()
+                self._wake_timer_if_sooner()
             if self.observer is not None:
                 self.observer.answered("finished", conn.address, n, rdy.in_flight(key))
             return True
@@ -232,11 +234,20 @@ class ConnectionSet:
             conn.close()
             return False
 
+    def _wake_timer_if_sooner(self) -> None:
+        """Wake the RDY timer if the manager's next deadline comes before the one it waits for
+        (caller holds :attr:`lock`). A budgeted run's deadlines follow every delivery and FIN,
+        mostly later: waking the timer for each of those cost a tenth of a batch run's CPU."""
+        deadline = self.rdy.next_deadline()
+        waits = self._timer_waits_until
+        if deadline is not None and (waits is None or deadline < waits):
+            self._timer_wakeup.set()
+
     def _timer_loop(self) -> None:
         """Drive the RDY manager's timers (backoff expiry, redistribution)."""
         while not self.stopping:
             with self.lock:
-                deadline = self.rdy.next_deadline()
+                deadline = self._timer_waits_until = self.rdy.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             self._timer_wakeup.wait(timeout)
             self._timer_wakeup.clear()
@@ -322,8 +333,10 @@ class ConnectionSet:
                 observer.received(conn.address, n, self.rdy.in_flight(key))
             # a budgeted run's deadlines follow messages; scarce credit's move when an nsqd
             # that had nothing sends (those found empty before may have filled up too)
-            if self.rdy.take_woken() or self.rdy.budgeted:
+            if self.rdy.take_woken():
                 self._timer_wakeup.set()
+            elif self.rdy.budgeted:
+                self._wake_timer_if_sooner()
         if stale:
             for message in messages:
                 message.requeue(0.0, backoff=False)

@@ -47,6 +47,22 @@ def _column(name: str, size: int) -> Any:
     return pa.repeat(pa.scalar(value, pa.string()), size)
 
 
+def _schema(options: dict[str, str]) -> str:
+    columns = options.get("columns", "all")
+    return ALL if columns == "all" else columns
+
+
+def _batches(options: dict[str, str], names: list[str]) -> Any:
+    """A partition's ``rows`` / ``partitions`` rows as ready-made batches of ``batch`` rows."""
+    import pyarrow as pa
+
+    rows = int(options["rows"]) // int(options["partitions"])
+    size = int(options["batch"])
+    batch = pa.RecordBatch.from_arrays([_column(name, size) for name in names], names=names)
+    for _ in range(rows // size):
+        yield batch
+
+
 def passthrough_source() -> Any:
     """Data source ``passthrough``: option ``columns`` ("all" or a DDL subset of the source's
     columns), ``rows``, ``partitions``, ``batch`` (rows per Arrow batch)."""
@@ -62,15 +78,7 @@ def passthrough_source() -> Any:
             return [InputPartition(i) for i in range(n)]
 
         def read(self, partition: Any) -> Any:
-            import pyarrow as pa
-
-            rows = int(self.options["rows"]) // int(self.options["partitions"])
-            size = int(self.options["batch"])
-            batch = pa.RecordBatch.from_arrays(
-                [_column(name, size) for name in self.names], names=self.names
-            )
-            for _ in range(rows // size):
-                yield batch
+            return _batches(self.options, self.names)
 
     class PassThrough(DataSource):  # type: ignore[misc]
         @classmethod
@@ -78,8 +86,7 @@ def passthrough_source() -> Any:
             return "passthrough"
 
         def schema(self) -> str:
-            columns = self.options.get("columns", "all")
-            return ALL if columns == "all" else columns
+            return _schema(self.options)
 
         def reader(self, schema: Any) -> Any:
             return Reader(self.options, schema.fieldNames())
@@ -115,17 +122,8 @@ def streaming_passthrough_source() -> Any:
             return [InputPartition(i) for i in range(n)] or [InputPartition(-1)]
 
         def read(self, partition: Any) -> Any:
-            import pyarrow as pa
-
-            if partition.value < 0:
-                return
-            rows = int(self.options["rows"]) // int(self.options["partitions"])
-            size = int(self.options["batch"])
-            batch = pa.RecordBatch.from_arrays(
-                [_column(name, size) for name in self.names], names=self.names
-            )
-            for _ in range(rows // size):
-                yield batch
+            if partition.value >= 0:
+                yield from _batches(self.options, self.names)
 
         def commit(self, end: dict[str, int]) -> None:
             pass
@@ -136,8 +134,7 @@ def streaming_passthrough_source() -> Any:
             return "passthrough_stream"
 
         def schema(self) -> str:
-            columns = self.options.get("columns", "all")
-            return ALL if columns == "all" else columns
+            return _schema(self.options)
 
         def streamReader(self, schema: Any) -> Any:
             return StreamReader(self.options, schema.fieldNames())

@@ -70,6 +70,24 @@ def _free_port() -> int:
     return port
 
 
+def _spawn_group(
+    argv: list[str], env: dict[str, str], cwd: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a process group of its own that dies with this process (Linux), its
+    output appended to ``log_path``."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -171,19 +189,8 @@ class SparkStandaloneCluster:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log_path = self.work_dir / f"{name}.log"
         self._logs.append(log_path)
-        with open(log_path, "ab") as log_file:
-            self._procs.append(
-                subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=self.work_dir,
-                    start_new_session=True,  # its own process group: stop() kills executors too
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-                )
-            )
+        # its own process group: stop() kills its executors too
+        self._procs.append(_spawn_group(argv, env, self.work_dir, log_path))
 
     def _wait(self, ready: Any, what: str, deadline: float) -> None:
         while True:
@@ -358,17 +365,8 @@ class SparkConnectServer:
         argv = [str(script), "--wait", "--master", self.master_url]
         for key, value in conf.items():
             argv += ["--conf", f"{key}={value}"]
-        with open(self.log_path, "ab") as log_file:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.work_dir,
-                start_new_session=True,  # its own process group: stop() kills it whole
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
+        # its own process group: stop() kills it whole
+        self._proc = _spawn_group(argv, env, self.work_dir, self.log_path)
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", _WATCHDOG, str(self._proc.pid)],
             stdin=subprocess.PIPE,

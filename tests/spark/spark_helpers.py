@@ -53,6 +53,36 @@ def channel(http_address: str, topic: str, name: str) -> dict[str, Any]:
         return client.channel_stats(topic, name, include_clients=False) or {}
 
 
+def nsq_stream(spark: Any, nsqd: Any, topic: str, channel: str, **options: Any) -> Any:
+    """``spark.readStream.format("nsq")`` on ``nsqd``'s ``topic``/``channel`` with ``options``."""
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqd_tcp_addresses", nsqd.tcp_address)
+        .option("topic", topic)
+        .option("channel", channel)
+    )
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def parquet_bodies(spark: Any, path: Any) -> collections.Counter[bytes]:
+    """The ``body`` column of the Parquet files at ``path``, counted."""
+    rows = spark.read.parquet(str(path)).select("body").collect()
+    return collections.Counter(bytes(r.body) for r in rows)
+
+
+def drained(nsqd: Any, topic: str, name: str) -> dict[str, Any]:
+    """The channel's stats once nothing is in flight on it; asserts nothing waits either."""
+    stats: dict[str, Any] = wait_for(
+        lambda: (s := channel(nsqd.http_address, topic, name))["in_flight_count"] == 0 and s,
+        "nothing in flight",
+        timeout=30,
+    )
+    assert stats["depth"] == 0
+    return stats
+
+
 def topic_stats(http_address: str, topic: str) -> dict[str, Any]:
     with NsqdHTTPClient(http_address) as client:
         return client.topic_stats(topic, include_clients=False) or {}

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import channel, drain, preload, topic_stats
+from spark_helpers import (
+    channel,
+    drain,
+    drained,
+    nsq_stream,
+    parquet_bodies,
+    preload,
+    topic_stats,
+)
 from support.nsq import wait_for
 
 pytestmark = pytest.mark.slow
@@ -23,18 +31,6 @@ pytestmark = pytest.mark.slow
 CHANNEL = "spark"
 #: the longest one Connect query may take (a first streaming query loads Spark's classes)
 QUERY_TIMEOUT = 240
-
-
-def _source(spark: Any, nsqd: Any, topic: str, **options: Any) -> Any:
-    reader = (
-        spark.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", nsqd.tcp_address)
-        .option("topic", topic)
-        .option("channel", CHANNEL)
-    )
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 def _into_parquet(df: Any, tmp_path: Path, **trigger: Any) -> Any:
@@ -50,21 +46,6 @@ def _into_parquet(df: Any, tmp_path: Path, **trigger: Any) -> Any:
 def _await(query: Any) -> None:
     assert query.awaitTermination(QUERY_TIMEOUT), "availableNow did not end"
     assert query.exception() is None
-
-
-def _parquet_bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
-    rows = spark.read.parquet(str(path)).select("body").collect()
-    return collections.Counter(bytes(r.body) for r in rows)
-
-
-def _drained(nsqd: Any, topic: str) -> dict[str, Any]:
-    stats: dict[str, Any] = wait_for(
-        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
-        "nothing in flight",
-        timeout=30,
-    )
-    assert stats["depth"] == 0
-    return stats
 
 
 def test_the_sink_publishes_every_row(spark_connect: Any, nsqd: Any, nsq_topic: str) -> None:
@@ -105,12 +86,13 @@ def test_the_driver_side_source_reads_a_topic_into_parquet_once(
     bodies = preload(nsqd.tcp_address, nsq_topic, 3000)
     _await(
         _into_parquet(
-            _source(spark_connect, nsqd, nsq_topic, max_messages_per_batch=1000), tmp_path
+            nsq_stream(spark_connect, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=1000),
+            tmp_path,
         )
     )
-    seen = _parquet_bodies(spark_connect, tmp_path / "out")
+    seen = parquet_bodies(spark_connect, tmp_path / "out")
     assert seen == collections.Counter(bodies)
-    stats = _drained(nsqd, nsq_topic)
+    stats = drained(nsqd, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
 
 
@@ -119,19 +101,20 @@ def test_the_parallel_source_reads_a_topic_into_parquet_once(
 ) -> None:
     bodies = preload(nsqd.tcp_address, nsq_topic, 4000)
     staging = tmp_path / "staging"
-    df = _source(
+    df = nsq_stream(
         spark_connect,
         nsqd,
         nsq_topic,
+        CHANNEL,
         nsqd_http_addresses=nsqd.http_address,
         parallelism=2,
         staging_location=staging,
         max_messages_per_batch=2000,
     )
     _await(_into_parquet(df, tmp_path))
-    seen = _parquet_bodies(spark_connect, tmp_path / "out")
+    seen = parquet_bodies(spark_connect, tmp_path / "out")
     assert seen == collections.Counter(bodies)
-    stats = _drained(nsqd, nsq_topic)
+    stats = drained(nsqd, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
     assert list(staging.iterdir()) == []  # every batch committed, the last one too
 
@@ -142,7 +125,7 @@ def test_a_stopped_driver_side_query_leaves_nothing_in_flight(
     """Stopping the query stops the server's source process (SIGTERM): what its reader held
     is requeued at once, not after msg_timeout."""
     preload(nsqd.tcp_address, nsq_topic, 2000)
-    df = _source(spark_connect, nsqd, nsq_topic, max_messages_per_batch=500)
+    df = nsq_stream(spark_connect, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=500)
     query = _into_parquet(df, tmp_path, processingTime="60 seconds")
     try:
         wait_for(
@@ -178,7 +161,9 @@ def test_a_bad_source_option_fails_naming_it(
     named: str,
 ) -> None:
     with pytest.raises(Exception, match=named) as info:
-        _await(_into_parquet(_source(spark_connect, nsqd, nsq_topic, **options), tmp_path))
+        _await(
+            _into_parquet(nsq_stream(spark_connect, nsqd, nsq_topic, CHANNEL, **options), tmp_path)
+        )
     assert "ConfigError" in str(info.value)
 
 

@@ -4,7 +4,6 @@ left empty, a killed Python worker and a killed driver lose nothing."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -16,7 +15,10 @@ from typing import Any
 import pytest
 from spark_helpers import (
     channel,
+    drained,
     kill_driver,
+    nsq_stream,
+    parquet_bodies,
     preload,
     spark_submit,
     staged_files,
@@ -31,17 +33,15 @@ DRIVER_APP = Path(__file__).resolve().parent / "driver_restart_app.py"
 
 
 def _stream(spark: Any, nsqd: Any, topic: str, staging: Path | str, **options: Any) -> Any:
-    reader = (
-        spark.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", nsqd.tcp_address)
-        .option("nsqd_http_addresses", nsqd.http_address)
-        .option("topic", topic)
-        .option("channel", CHANNEL)
-        .option("staging_location", str(staging))
+    return nsq_stream(
+        spark,
+        nsqd,
+        topic,
+        CHANNEL,
+        nsqd_http_addresses=nsqd.http_address,
+        staging_location=staging,
+        **{"parallelism": 4, **options},
     )
-    for key, value in {"parallelism": 4, **options}.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 def _run(df: Any, sink: Any, checkpoint: Path) -> Any:
@@ -58,28 +58,13 @@ def _manifests(staging: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(staging.glob("batch-*/part-*/MANIFEST"))]
 
 
-def _drained(nsqd: Any, topic: str) -> dict[str, Any]:
-    stats: dict[str, Any] = wait_for(
-        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
-        "nothing in flight",
-        timeout=30,
-    )
-    assert stats["depth"] == 0
-    return stats
-
-
-def _bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
-    rows = spark.read.parquet(str(path)).select("body").collect()
-    return collections.Counter(bytes(r.body) for r in rows)
-
-
 def _run_once(spark: Any, df: Any, sink: Any, tmp_path: Path, bodies: list[bytes]) -> None:
     """Run ``df`` availableNow into ``sink`` (which writes Parquet to ``tmp_path / "out"``) to
     the end; every body is there exactly once."""
     query = _run(df, sink, tmp_path / "checkpoint")
     assert query.awaitTermination(300), "availableNow did not end"
     assert query.exception() is None
-    seen = _bodies(spark, tmp_path / "out")
+    seen = parquet_bodies(spark, tmp_path / "out")
     assert sorted(seen) == sorted(bodies)
     assert set(seen.values()) == {1}
 
@@ -100,7 +85,7 @@ def test_available_now_reads_on_the_executors_into_parquet_once(
     df = _stream(spark, nsqd, nsq_topic, staging, max_messages_per_batch=5000)
     _run_once(spark, df, sink, tmp_path, bodies)
     assert sum(batch_rows) == 10_000 and all(rows <= 5000 for rows in batch_rows)
-    stats = _drained(nsqd, nsq_topic)
+    stats = drained(nsqd, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0
     # The rows were consumed by at least two executor processes (Python workers).
     consumed_by = {(m["info"]["host"], m["info"]["pid"]) for m in manifests if any(m["rows"])}
@@ -126,7 +111,7 @@ def test_available_now_stages_to_s3(
 
     df = _stream(spark, nsqd, nsq_topic, location, max_messages_per_batch=1500)
     _run_once(spark, df, sink, tmp_path, bodies)
-    _drained(nsqd, nsq_topic)
+    drained(nsqd, nsq_topic, CHANNEL)
     manifests = [name for files in staged for name in files if name.endswith("/MANIFEST")]
     assert len(manifests) >= 8, staged  # two batches (or more) of four partitions, on S3
     assert staged_files(location) == []
@@ -194,9 +179,9 @@ def test_a_driver_killed_after_the_sink_replays_the_staging_when_restarted(
         kill_driver(driver)
     assert driver.returncode == 0 and "resume: done" in output, output[-3000:]
     assert json.loads((work / "rows-0-resume.json").read_text()) == crashed  # ids included
-    seen = _bodies(spark, work / "out")
+    seen = parquet_bodies(spark, work / "out")
     assert sorted(seen) == sorted(bodies) and set(seen.values()) == {1}
-    stats = _drained(nsqd, nsq_topic)
+    stats = drained(nsqd, nsq_topic, CHANNEL)
     assert stats["requeue_count"] == 0 and stats["timeout_count"] == 0  # nothing read twice
     assert list((work / "staging").iterdir()) == []
 
@@ -253,13 +238,13 @@ def test_a_killed_python_worker_loses_nothing(
         thread.join()
     assert query.exception() is None
     assert killed, "no Python worker was killed"
-    seen = _bodies(spark, out)
+    seen = parquet_bodies(spark, out)
     assert set(seen) == set(bodies)  # nothing lost
     duplicates = sum(seen.values()) - len(seen)
     assert duplicates <= 100, f"{duplicates} duplicates: more than one unstaged chunk"
     assert any(m["adopted"] for m in manifests), "the retry did not adopt the staged chunks"
     assert all(m["info"]["pid"] not in killed for m in manifests)
-    _drained(nsqd, nsq_topic)
+    drained(nsqd, nsq_topic, CHANNEL)
     assert list(staging.iterdir()) == []
 
 
@@ -311,11 +296,11 @@ def test_an_nsqd_restart_mid_batch_loses_nothing(
     assert not failures, failures
     assert restarted.is_set()
     assert query.exception() is None
-    seen = _bodies(spark, out)
+    seen = parquet_bodies(spark, out)
     assert set(seen) == set(bodies)  # nothing lost
     duplicates = sum(seen.values()) - len(seen)
     record_property("duplicates", duplicates)
     # Only messages in flight at the restart can come back: at most max_in_flight per partition.
     assert duplicates <= 2 * 2500
-    _drained(server, nsq_topic)
+    drained(server, nsq_topic, CHANNEL)
     assert list(staging.iterdir()) == []

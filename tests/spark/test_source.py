@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import channel, drain, preload
+from spark_helpers import channel, drain, drained, nsq_stream, parquet_bodies, preload
 from support.nsq import wait_for
 
 from nsq_sync import NsqdHTTPClient
@@ -18,18 +18,6 @@ from nsq_sync import NsqdHTTPClient
 pytestmark = pytest.mark.slow
 
 CHANNEL = "spark"
-
-
-def _stream(spark: Any, nsqd: Any, topic: str, **options: Any) -> Any:
-    reader = (
-        spark.readStream.format("nsq")
-        .option("nsqd_tcp_addresses", nsqd.tcp_address)
-        .option("topic", topic)
-        .option("channel", CHANNEL)
-    )
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 def _run(df: Any, sink: Any, checkpoint: Path | str, **trigger: Any) -> Any:
@@ -40,23 +28,6 @@ def _run(df: Any, sink: Any, checkpoint: Path | str, **trigger: Any) -> Any:
         .trigger(**(trigger or {"availableNow": True}))
         .start()
     )
-
-
-def _assert_drained(nsqd: Any, topic: str) -> dict[str, Any]:
-    """Wait until nothing is in flight on the channel (the last batch was committed and FINed,
-    or requeued), then check that nothing is left in it either; return its stats."""
-    stats: dict[str, Any] = wait_for(
-        lambda: (s := channel(nsqd.http_address, topic, CHANNEL))["in_flight_count"] == 0 and s,
-        "nothing in flight",
-        timeout=30,
-    )
-    assert stats["depth"] == 0
-    return stats
-
-
-def _parquet_bodies(spark: Any, path: Path) -> collections.Counter[bytes]:
-    rows = spark.read.parquet(str(path)).select("body").collect()
-    return collections.Counter(bytes(r.body) for r in rows)
 
 
 def test_available_now_reads_a_preloaded_topic_into_parquet_once(
@@ -74,13 +45,13 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
         batch.write.mode("append").parquet(str(out))
 
     query = _run(
-        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=1000),
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=1000),
         sink,
         str(tmp_path / "checkpoint"),
     )
     assert query.awaitTermination(240), "availableNow did not end"
     assert query.exception() is None
-    seen = _parquet_bodies(spark, out)
+    seen = parquet_bodies(spark, out)
     assert sorted(seen) == sorted(bodies)
     assert set(seen.values()) == {1}
     data_batches = [(b, rows, fl) for b, rows, fl in in_flight_seen if rows]
@@ -88,7 +59,7 @@ def test_available_now_reads_a_preloaded_topic_into_parquet_once(
     assert all(rows <= 1000 for _, rows, _ in data_batches)
     for batch_id, rows, in_flight in data_batches:
         assert in_flight >= rows, f"batch {batch_id}: {rows} rows but {in_flight} in flight"
-    final = _assert_drained(nsqd, nsq_topic)
+    final = drained(nsqd, nsq_topic, CHANNEL)
     assert final["requeue_count"] == 0
     assert final["timeout_count"] == 0
     rows = spark.read.parquet(str(out)).collect()
@@ -109,7 +80,9 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
         if batch.count():
             raise RuntimeError("the sink is down")
 
-    first = _run(_stream(spark, nsqd, nsq_topic, max_messages_per_batch=100), failing, checkpoint)
+    first = _run(
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=100), failing, checkpoint
+    )
     with pytest.raises(Exception, match="the sink is down"):
         first.awaitTermination(240)
     # Stopping the failed query requeued what its reader held: nothing waits for msg_timeout.
@@ -123,11 +96,13 @@ def test_a_batch_whose_sink_fails_is_delivered_by_the_next_run(
     def collect(batch: Any, batch_id: int) -> None:
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
-    second = _run(_stream(spark, nsqd, nsq_topic, max_messages_per_batch=100), collect, checkpoint)
+    second = _run(
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=100), collect, checkpoint
+    )
     assert second.awaitTermination(240)
     assert sorted(got) == sorted(bodies)
     assert set(got.values()) == {1}
-    _assert_drained(nsqd, nsq_topic)
+    drained(nsqd, nsq_topic, CHANNEL)
 
 
 def test_a_stopped_query_leaves_nothing_in_flight(
@@ -140,7 +115,7 @@ def test_a_stopped_query_leaves_nothing_in_flight(
         got.update(bytes(r.body) for r in batch.select("body").collect())
 
     query = _run(
-        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=100),
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=100),
         collect,
         str(tmp_path / "checkpoint"),
         processingTime="1 second",
@@ -177,7 +152,7 @@ def test_held_messages_are_touched_past_msg_timeout(
         got.update(bytes(r.body) for r in rows)
 
     query = _run(
-        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=100, msg_timeout="1.5s"),
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=100, msg_timeout="1.5s"),
         slow,
         str(tmp_path / "checkpoint"),
     )
@@ -229,7 +204,7 @@ def test_nsq_to_nsq_through_the_streaming_sink(
         client.create_topic(target)
         client.create_channel(target, "check")
     query = (
-        _stream(spark, nsqd, nsq_topic, max_messages_per_batch=500)
+        nsq_stream(spark, nsqd, nsq_topic, CHANNEL, max_messages_per_batch=500)
         .select("body")
         .writeStream.format("nsq")
         .option("nsqd_tcp_addresses", nsqd.tcp_address)
@@ -244,4 +219,4 @@ def test_nsq_to_nsq_through_the_streaming_sink(
     seen = drain(nsqd.tcp_address, target, "check", 1500)
     assert sorted(seen) == sorted(bodies)
     assert set(seen.values()) == {1}
-    _assert_drained(nsqd, nsq_topic)
+    drained(nsqd, nsq_topic, CHANNEL)

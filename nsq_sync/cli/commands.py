@@ -271,7 +271,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
         f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
         f"{summary.elapsed:.1f} s ({progress.rate():.1f}/s; ended: {summary.reason})"
     )
-    if not summary.ok:
+    if summary.reason == "unreachable":
+        log.error("ended with no nsqd connected for --idle-timeout (see the warnings above)")
+    elif not summary.ok:
         log.error(
             "%d handler call(s) failed and %d message(s) were given up; failed messages were "
             "requeued",

@@ -253,8 +253,12 @@ class Consumer:
           from the main thread, and restored after);
         * ``"timeout"``: ``timeout`` seconds passed since the run started;
         * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open, or while
-          there was no nsqd to consume from. Backoff, reconnecting to a known nsqd, a pause and
-          every allowed message in flight are not idle;
+          lookupd listed no nsqd for the topic. Backoff, a pause and every allowed message in
+          flight are not idle;
+        * ``"unreachable"``: ``idle_timeout`` came while no nsqd was connected (none could be
+          reached, or the last one was lost mid-run): time without a connected nsqd counts as
+          idle. ``summary.ok`` is then False, and a WARNING named the servers at their first
+          failure;
         * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
           messages given up without one). The consumer pauses at once, and the credit nsqds hold
           never exceeds the deliveries left (docs/cron.md says why).

@@ -307,6 +307,29 @@ def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
+def test_drain_whose_nsqd_is_killed_mid_run_exits_1_unreachable(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """Issue 39: the start-up check passed, then nsqd went away: the drain waited for ever."""
+    nsqd = nsqd_factory()
+    prepare_channel(nsqd, nsq_topic, "ch", 0)
+    proc = spawn(
+        "--nsqd-tcp-address", nsqd.tcp_address, "drain", nsq_topic, "ch", "--idle-timeout", "2"
+    )  # fmt: skip
+    try:
+        wait_for(lambda: has_client(nsqd, nsq_topic), "the drain subscribed")
+        nsqd.kill()
+        _, err = proc.communicate(timeout=30.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    text = err.decode()
+    assert f"cannot connect to nsqd {nsqd.tcp_address}" in text, text
+    assert "unreachable" in text, text
+
+
 def test_drain_writes_a_message_delivered_many_times_before(
     nsqd: NsqdProcess, nsq_topic: str
 ) -> None:

@@ -320,8 +320,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 continue
         rows += stats_rows(host_port(address), stats)
     if topic is not None and not rows and not failures:
-        where = ", ".join(map(host_port, addresses)) or "none registered with nsqlookupd"
-        raise NoSuchTopic(f"no such topic {topic} on nsqd {where}")
+        if not addresses:
+            raise NoSuchTopic(f"no such topic {topic}: no nsqd is registered with nsqlookupd")
+        raise NoSuchTopic(f"no such topic {topic} on nsqd {', '.join(map(host_port, addresses))}")
     if rows or not failures:
         sys.stdout.write(table(STATS_COLUMNS, rows))
     for failure in failures:

@@ -8,7 +8,7 @@
 * While lookupd lists no nsqd for the topic, it is polled sooner: ``FIRST_EMPTY_POLL`` seconds,
   doubling up to ``poll_interval`` (jittered alike), so a topic created after the consumer
   started is found within seconds. The doubling bounds the extra load: about
-  ``log2(poll_interval)`` more queries per lookupd per wait (docs/configuration.md).
+  ``log2(poll_interval)`` more queries per lookupd per wait (docs/consumer.md).
 * A server that cannot be reached is logged at WARNING once per outage (its first failure),
   the retries at DEBUG until it answers again; :meth:`Discovery.unreached` names them all.
 """
@@ -308,7 +308,7 @@ class Discovery:
             self._wait_logged = False
             return
         self.empty_polls += 1
-        if self._round_ok and not self._wait_logged:
+        if self._round_ok and not self._wait_logged and not self.direct:
             self._wait_logged = True
             self.log.info(
                 "no nsqd carries topic %s yet (nsqlookupd %s): waiting for it to appear, asking "

@@ -223,7 +223,11 @@ class Config:
         doc="Deliveries after which a message is given up (giving_up handler, then FIN); 0 never gives up.",
     )
     lookupd_poll_interval: float = _opt(
-        60.0, "duration", 0.01, 3600.0, doc="Interval between two polls of every nsqlookupd."
+        60.0,
+        "duration",
+        0.01,
+        3600.0,
+        doc="Interval between two polls of every nsqlookupd (sooner while it lists no nsqd for the topic: 1 s, doubling up to this).",
     )
     lookupd_poll_jitter: float = _opt(
         0.3,

@@ -28,6 +28,7 @@ from nsq_sync.cli.metrics import add_metrics_options, serve_metrics
 from nsq_sync.cli.output import STATS_COLUMNS, ReaderGone, stats_rows, table, writer
 from nsq_sync.cli.progress import Progress
 from nsq_sync.cli.servers import (
+    NoSuchTopic,
     Unreachable,
     check_nsqd,
     check_sources,
@@ -194,8 +195,21 @@ def cmd_pub(args: argparse.Namespace) -> int:
             else:
                 producer.multi_publish(topic, chunk)
             sent += len(chunk)
-    log.info("published %d message(s) to %s", sent, topic)
+    log.info(
+        "published %d message%s to topic %s on nsqd %s",
+        sent,
+        "" if sent == 1 else "s",
+        topic,
+        _nsqds(addresses),
+    )
     return 0
+
+
+def _nsqds(addresses: list[str]) -> str:
+    """Where a Producer given ``addresses`` publishes: the first, failing over to the rest."""
+    if len(addresses) == 1:
+        return addresses[0]
+    return f"{addresses[0]} (failing over to {', '.join(addresses[1:])} if it was down)"
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -271,7 +285,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
         f"drained {summary.finished} message(s) from {args.topic}/{channel} in "
         f"{summary.elapsed:.1f} s ({progress.rate():.1f}/s; ended: {summary.reason})"
     )
-    if not summary.ok:
+    if summary.reason == "unreachable":
+        log.error("ended with no nsqd connected for --idle-timeout (see the warnings above)")
+    elif not summary.ok:
         log.error(
             "%d handler call(s) failed and %d message(s) were given up; failed messages were "
             "requeued",
@@ -282,7 +298,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """``stats``: the table of every nsqd that answers to stdout; returns 1 if some did not."""
+    """``stats``: the table of every nsqd that answers to stdout; returns 1 if some did not.
+    Raises NoSuchTopic (exit 1) when ``--topic`` names a topic none of them has."""
     topic = None if args.topic is None else validate_topic(args.topic)
     addresses = list(args.nsqd_http_addresses)
     if not addresses:
@@ -302,6 +319,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 failures.append(str(exc))
                 continue
         rows += stats_rows(host_port(address), stats)
+    if topic is not None and not rows and not failures:
+        if not addresses:
+            raise NoSuchTopic(f"no such topic {topic}: no nsqd is registered with nsqlookupd")
+        raise NoSuchTopic(f"no such topic {topic} on nsqd {', '.join(map(host_port, addresses))}")
     if rows or not failures:
         sys.stdout.write(table(STATS_COLUMNS, rows))
     for failure in failures:
@@ -310,16 +331,27 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    """``lookup``: the TCP address of each nsqd that carries TOPIC, a line each; returns 0."""
+    """``lookup``: the TCP address of each nsqd that carries TOPIC, a line each; returns 0.
+    Raises NoSuchTopic (exit 1) when no nsqd carries it."""
     topic = validate_topic(args.topic)
     if not args.lookupd_http_addresses:
         raise UsageError("needs --lookupd-http-address")
     addresses = lookup(args, topic)
+    if not addresses:
+        lookupds = ", ".join(map(host_port, args.lookupd_http_addresses))
+        known = any(
+            topic in topics for topics in lookupd_answers(args.lookupd_http_addresses, _topics)
+        )
+        if not known:
+            raise NoSuchTopic(f"no such topic {topic}: nsqlookupd {lookupds} does not know it")
+        raise NoSuchTopic(
+            f"no nsqd carries topic {topic}: nsqlookupd {lookupds} knows it, but has no nsqd "
+            "registered for it now"
+        )
     for address in addresses:
         print(address)
-    if not addresses:
-        print(
-            f"{PROG} lookup: no nsqd carries topic {topic}: nsqlookupd has no nsqd registered for it",
-            file=sys.stderr,
-        )
     return 0
+
+
+def _topics(client: LookupdClient) -> list[str]:
+    return client.topics()

@@ -13,7 +13,7 @@ from typing import Any
 
 from nsq_sync import dead_letter
 from nsq_sync.cli.arguments import UsageError, add_subcommand, positive_int, positive_seconds
-from nsq_sync.cli.servers import check_sources
+from nsq_sync.cli.servers import check_sources, require_topic
 from nsq_sync.config import Config
 from nsq_sync.protocol.names import validate_topic
 
@@ -98,9 +98,15 @@ def add_dead_letter_command(commands: Any) -> None:
     replay.set_defaults(func=cmd_replay)
 
 
-def _servers(args: argparse.Namespace) -> dict[str, Any]:
-    """The server options of list_messages() and replay(), once check_sources() passed."""
+def _servers(args: argparse.Namespace, topic: str) -> dict[str, Any]:
+    """The server options of list_messages() and replay(), once check_sources() passed and an
+    nsqd was seen to have ``topic`` (reading it would create it and a durable channel).
+
+    Raises:
+        NoSuchTopic: no nsqd in view has ``topic`` (exit 1, nothing made).
+    """
     check_sources(args)
+    require_topic(args, topic)
     return {
         "nsqd_tcp_addresses": args.nsqd_tcp_addresses,
         "lookupd_http_addresses": args.lookupd_http_addresses,
@@ -147,10 +153,11 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """``dead-letter list``: the table to stdout, the count to stderr; returns 0."""
+    """``dead-letter list``: the table to stdout, the count to stderr; returns 0. Raises
+    NoSuchTopic (exit 1) for a topic no nsqd in view has."""
     topic = validate_topic(args.topic)
     listing = dead_letter.list_messages(
-        topic, limit=args.limit, idle_timeout=args.idle_timeout, **_servers(args)
+        topic, limit=args.limit, idle_timeout=args.idle_timeout, **_servers(args, topic)
     )
     now = time.time()
     sys.stdout.write(_table([_row(entry, now) for entry in listing.messages]))
@@ -170,7 +177,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         where=args.where,
         idle_timeout=args.idle_timeout,
         max_in_flight=args.max_in_flight,
-        **_servers(args),
+        **_servers(args, topic),
     )
     print(
         f"replayed {summary.replayed} message(s) from {topic} in {summary.elapsed:.1f} s "

@@ -1,8 +1,8 @@
 """The ``nsq-sync`` command line (also ``python -m nsq_sync``): the parser and the exit status.
 
 Data goes to stdout; logs, errors and progress go to stderr. Exit status: 0 done (SIGTERM or
-SIGINT on tail or drain is a graceful stop), 1 messages failed or a server could not be
-reached, 2 bad usage or a bad name (nothing sent).
+SIGINT on tail or drain is a graceful stop), 1 messages failed, a server could not be
+reached or a topic looked up does not exist, 2 bad usage or a bad name (nothing sent).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from nsq_sync.cli.arguments import PROG, UsageError, add_common, merge_common
 from nsq_sync.cli.commands import add_commands
 from nsq_sync.cli.dead_letter import add_dead_letter_command
 from nsq_sync.cli.output import stdout_to_devnull
-from nsq_sync.cli.servers import Unreachable, why
+from nsq_sync.cli.servers import NoSuchTopic, Unreachable, why
 from nsq_sync.errors import (
     ConfigError,
     InvalidBody,
@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, InvalidName, InvalidBody, ConfigError) as exc:
         print(f"{where}: error: {exc}", file=sys.stderr)
         return 2
-    except Unreachable as exc:
+    except (Unreachable, NoSuchTopic) as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return 1
     except PublishError as exc:

@@ -20,6 +20,7 @@ from nsq_sync.wire.connection import NsqdConnection
 
 __all__ = [
     "DIAL_TIMEOUT",
+    "NoSuchTopic",
     "Unreachable",
     "check_lookupd",
     "check_nsqd",
@@ -41,6 +42,10 @@ DIAL_TIMEOUT = 5.0
 
 class Unreachable(Exception):
     """A server could not be reached (exit 1); the message names its host:port."""
+
+
+class NoSuchTopic(Exception):
+    """The servers asked have no topic of that name (exit 1); the message names them."""
 
 
 def host_port(url_or_address: str) -> str:
@@ -218,3 +223,61 @@ def guard_backlog(args: argparse.Namespace, topic: str, flag: str) -> None:
             topic,
             ", ".join(unseen),
         )
+
+
+def _http_view(tcp_address: str) -> str | None:
+    """The HTTP address of the nsqd at ``tcp_address`` when it listens on the usual port (TCP
+    port + 1) and says so in its ``/info``; else None."""
+    host, _, port = tcp_address.rpartition(":")
+    guess = f"{host}:{int(port) + 1}"
+    with NsqdHTTPClient(guess, timeout=DIAL_TIMEOUT) as client:
+        try:
+            info = client.info()
+        except (NSQError, ValueError):
+            return None
+    return guess if info.get("tcp_port") == int(port) else None
+
+
+def require_topic(args: argparse.Namespace, topic: str) -> None:
+    """Before a command that subscribes to ``topic`` (which creates it, and its channel, on
+    nsqd): check through nsqd's HTTP API (``--nsqd-http-address``, the nsqds nsqlookupd lists,
+    or a ``--nsqd-tcp-address``'s HTTP port next to it) that some nsqd has it.
+
+    Raises:
+        NoSuchTopic: every server in view answered, and none has the topic (nothing is made).
+    """
+    views = list(args.nsqd_http_addresses)
+    unseen: list[str] = []
+    if args.lookupd_http_addresses:
+        for producers in lookupd_answers(args.lookupd_http_addresses, lambda c: c.lookup(topic)):
+            if producers:
+                return  # an nsqd registered it
+    if not views:
+        for address in args.nsqd_tcp_addresses:
+            view = _http_view(address)
+            if view is None:
+                unseen.append(address)
+            else:
+                views.append(view)
+    asked: list[str] = []
+    for address in views:
+        with NsqdHTTPClient(address, timeout=DIAL_TIMEOUT) as client:
+            try:
+                entry = client.topic_stats(topic, include_clients=False)
+            except HTTPAPIError:
+                unseen.append(host_port(address))
+                continue
+        if entry is not None:
+            return
+        asked.append(f"nsqd {host_port(address)}")
+    if args.lookupd_http_addresses:
+        asked.append("nsqlookupd " + ", ".join(map(host_port, args.lookupd_http_addresses)))
+    if unseen:
+        log.warning(
+            "cannot see whether nsqd %s has topic %s (add --nsqd-http-address to check): if it "
+            "does not, this creates it",
+            ", ".join(unseen),
+            topic,
+        )
+        return
+    raise NoSuchTopic(f"no such topic {topic} (asked {'; '.join(asked)}); nothing was created")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsq_sync.config import Config, positive_int
-from nsq_sync.consumer.consumer import Consumer
+from nsq_sync.consumer.consumer import Consumer, check_argument_order
 from nsq_sync.consumer.parts import ConsumerParts, PartsUser
 from nsq_sync.consumer.running import RunSummary, run_to_end
 from nsq_sync.consumer.stats import ConsumerStats
@@ -52,7 +52,7 @@ class BatchConsumer:
         self,
         topic: str,
         channel: str,
-        handle_batch: BatchHandler,
+        handle_batch: BatchHandler | None = None,  # required: None only to name a forgotten channel
         batch_size: int = 100,
         batch_timeout: Any = 1.0,
         *,
@@ -60,6 +60,9 @@ class BatchConsumer:
         config: Config | None = None,
         **options: Any,
     ) -> None:
+        handle_batch = check_argument_order(
+            "BatchConsumer", "handle_batch", topic, channel, handle_batch
+        )
         if not callable(handle_batch):
             raise ConfigError(f"handle_batch must be callable, got {handle_batch!r}")
         size = positive_int("batch_size", batch_size)
@@ -375,10 +378,12 @@ class _Batcher(PartsUser):
         """Requeue or give up what the failed batch left unanswered."""
         parts = self.parts
         unanswered = [m for m in batch if not m.has_responded]
+        retried = [m for m in unanswered if not parts.pool.gives_up(m, error)]
         self.parts.log.exception(
-            "batch handler failed on %d message(s); requeueing %d",
+            "batch handler failed on %d message(s); requeueing %d%s",
             len(batch),
-            len(unanswered),
+            len(retried),
+            parts.pool.when_retried(retried),
         )
         parts.connections.count("failed", len(batch))
         for message in unanswered:

@@ -281,13 +281,12 @@ class ConnectionSet:
                     exc,
                     self.config.reconnect_backoff_max,
                 )
-            else:
-                self.log.warning("cannot connect to nsqd %s: %s", address, exc)
-            discovery.connect_failed(address, permanent)
+            # (a transient failure is logged by discovery: once per outage at WARNING)
+            discovery.connect_failed(address, permanent, exc)
             return
-        except Exception:
+        except Exception as exc:
             self.log.exception("connecting to nsqd %s failed", address)
-            discovery.connect_failed(address)
+            discovery.connect_failed(address, error=exc)
             return
         with self.lock:
             # (discovery dials only what is neither connected nor connecting: a second

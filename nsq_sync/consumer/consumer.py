@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nsq_sync import process
@@ -35,6 +35,27 @@ from nsq_sync.wire.connection import NsqdConnection
 log = logging.getLogger(__name__)
 
 __all__ = ["ConnectionStats", "Consumer", "ConsumerStats"]
+
+
+def check_argument_order(
+    kind: str, name: str, topic: Any, channel: Any, handler: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    """``handler`` once the arguments are in the order ``kind(topic, channel, handler, ...)``.
+
+    Raises:
+        ConfigError: the channel was forgotten (a callable where the channel goes) or the
+            handler is missing; the message gives the order.
+    """
+    order = f"{kind}(topic, channel, {name}, ...)"
+    if callable(channel):
+        raise ConfigError(
+            f"{kind} got the callable {channel!r} as its channel: the channel is missing. The "
+            f"arguments are {order}, e.g. {kind}({topic!r}, 'my-channel', "
+            f"{getattr(channel, '__name__', name)}, ...)"
+        )
+    if handler is None:
+        raise ConfigError(f"{kind} needs a {name}: the arguments are {order}")
+    return handler
 
 
 class Consumer:
@@ -67,7 +88,7 @@ class Consumer:
         self,
         topic: str,
         channel: str,
-        handler: Handler,
+        handler: Handler | None = None,  # required: None only to name a forgotten channel
         *,
         nsqd_tcp_addresses: str | Sequence[str] = (),
         lookupd_http_addresses: str | Sequence[str] = (),
@@ -78,6 +99,7 @@ class Consumer:
         dead_letter_topic: str | None = None,
         **overrides: Any,
     ) -> None:
+        handler = check_argument_order("Consumer", "handler", topic, channel, handler)
         self.topic = validate_topic(topic)
         self.channel = validate_channel(channel)
         self.dead_letter_topic = check_topic(dead_letter_topic, self.topic)
@@ -152,6 +174,7 @@ class Consumer:
             backstop=flusher,
             on_failed=lambda message: connections.count("failed"),
             dead_letter=dead_letters,
+            requeue_delay=responder.delay_for,
         )
         discovery = Discovery(
             topic=self.topic,
@@ -253,8 +276,12 @@ class Consumer:
           from the main thread, and restored after);
         * ``"timeout"``: ``timeout`` seconds passed since the run started;
         * ``"idle"``: ``idle_timeout`` seconds without a message while credit was open, or while
-          there was no nsqd to consume from. Backoff, reconnecting to a known nsqd, a pause and
-          every allowed message in flight are not idle;
+          lookupd listed no nsqd for the topic. Backoff, a pause and every allowed message in
+          flight are not idle;
+        * ``"unreachable"``: ``idle_timeout`` came while no nsqd was connected (none could be
+          reached, or the last one was lost mid-run): time without a connected nsqd counts as
+          idle. ``summary.ok`` is then False, and a WARNING named the servers at their first
+          failure;
         * ``"max_messages"``: ``max_messages`` messages handled (handler calls started, and
           messages given up without one). The consumer pauses at once, and the credit nsqds hold
           never exceeds the deliveries left (docs/cron.md says why).

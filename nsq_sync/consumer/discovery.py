@@ -5,6 +5,12 @@
 * lookupd only ever *adds* nsqds: an error, a 404 or an empty answer never closes a live
   connection (a restarted nsqlookupd answers 404 until every nsqd re-registered). A closed
   connection is redialled (with backoff) if it is direct or the latest lookupd answer lists it.
+* While lookupd lists no nsqd for the topic, it is polled sooner: ``FIRST_EMPTY_POLL`` seconds,
+  doubling up to ``poll_interval`` (jittered alike), so a topic created after the consumer
+  started is found within seconds. The doubling bounds the extra load: about
+  ``log2(poll_interval)`` more queries per lookupd per wait (docs/consumer.md).
+* A server that cannot be reached is logged at WARNING once per outage (its first failure),
+  the retries at DEBUG until it answers again; :meth:`Discovery.unreached` names them all.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from nsq_sync.http.lookupd import LookupdClient
 log = logging.getLogger(__name__)
 
 _REQUERY_MIN_INTERVAL = 1.0
+
+#: seconds to the first poll after a lookupd answer that lists no nsqd (then doubling)
+FIRST_EMPTY_POLL = 1.0
 
 #: ``lookup(url, topic, timeout)``: the tcp addresses of the nsqds lookupd lists for ``topic``
 Lookup = Callable[[str, str, float], set[str]]
@@ -80,6 +89,12 @@ class Discovery:
         self.next_poll = 0.0
         self.last_poll = -1e9
         self.polls = 0
+        #: polls in a row that found no nsqd (the next one comes sooner: FIRST_EMPTY_POLL * 2**n)
+        self.empty_polls = 0
+        self._wait_logged = False  # the INFO "waiting for the topic" of this wait was logged
+        # servers failing now ("nsqd host:port", "lookupd url") -> the last error: written by
+        # connect tasks and the discovery task (single dict operations), read by unreached()
+        self._down: dict[str, str] = {}
         # the lookupd query round in progress: its number, deadline, answers so far
         self._round = 0
         self._round_deadline: float | None = None
@@ -112,20 +127,44 @@ class Discovery:
         """True when there is no direct address and lookupd answered that no nsqd has the topic."""
         return not self.direct and self.answered and not self.discovered
 
+    def unreached(self) -> list[str]:
+        """The servers a consumer wants and has not reached, each with why (``"nsqd host:port
+        (Connection refused)"``, ``"lookupd url (no answer yet)"``); thread-safe."""
+        down = dict(self._down)
+        connected = self.connected()
+        wanted = sorted((set(self.direct) | self.discovered) - connected)
+        servers = [f"nsqd {a} ({down.get('nsqd ' + a, 'not connected yet')})" for a in wanted]
+        for url in self.lookupds:
+            why = down.get(f"lookupd {url}")
+            if why is not None:
+                servers.append(f"lookupd {url} ({why})")
+            elif not self.answered:
+                servers.append(f"lookupd {url} (no answer yet)")
+        return servers
+
     def connect_succeeded(self, address: str) -> None:
         """Subscribed. The failure count stays until the connection proves useful, so an nsqd that
         closes right after SUB is not redialled at the shortest backoff for ever."""
         self.connecting.discard(address)
         self.retry_at.pop(address, None)
+        self._down.pop(f"nsqd {address}", None)
 
-    def connect_failed(self, address: str, permanent: bool = False) -> None:
-        """A dial or handshake failed; a ``permanent`` failure waits ``reconnect_max``."""
+    def connect_failed(
+        self, address: str, permanent: bool = False, error: BaseException | None = None
+    ) -> None:
+        """A dial or handshake failed (``error``, logged here: WARNING at the first failure of an
+        outage, then DEBUG); a ``permanent`` failure (logged by the caller) waits
+        ``reconnect_max``."""
         self.connecting.discard(address)
         if permanent:
             self.failures[address] = self.failures.get(address, 0) + 1
             self.retry_at[address] = self.clock() + self.reconnect_max
+            if error is not None:
+                self._down[f"nsqd {address}"] = _reason(error)
         else:
             self._schedule_retry(address)
+            if error is not None:
+                self._failed(f"nsqd {address}", f"cannot connect to nsqd {address}", error)
         self._wakeup.set()
 
     def connection_lost(self, address: str, useful: bool = True) -> None:
@@ -147,8 +186,29 @@ class Discovery:
             n, 0.1, self.reconnect_max, self.rng
         )
 
-    def _jittered_interval(self) -> float:
-        return self.poll_interval * (1.0 + self.poll_jitter * (2.0 * self.rng.random() - 1.0))
+    def _failed(self, server: str, what: str, error: BaseException) -> None:
+        """Log a failure to reach ``server``: WARNING the first time in an outage, else DEBUG."""
+        reason = _reason(error)
+        first = server not in self._down
+        self._down[server] = reason
+        if not first:
+            self.log.debug("%s: %s (still failing)", what, reason)
+            return
+        alone = "" if self.connected() else f"; no nsqd is connected for topic {self.topic}"
+        self.log.warning(
+            "%s: %s%s (retrying; further failures are logged at DEBUG until it answers)",
+            what,
+            reason,
+            alone,
+        )
+
+    def _next_interval(self) -> float:
+        """The wait to the next poll, jittered: ``poll_interval``, or sooner while lookupd lists
+        no nsqd (FIRST_EMPTY_POLL doubling per poll, up to ``poll_interval``)."""
+        interval = self.poll_interval
+        if not self.discovered:
+            interval = min(interval, FIRST_EMPTY_POLL * 2.0 ** min(self.empty_polls, 30))
+        return interval * (1.0 + self.poll_jitter * (2.0 * self.rng.random() - 1.0))
 
     def _run(self) -> None:
         while not self._stopped:
@@ -220,8 +280,11 @@ class Discovery:
                 continue  # a late answer from a round given up on
             self._round_answers += 1
             if addresses is None:
-                self.log.warning("lookupd %s query failed: %s", url, error)
+                assert error is not None
+                self._failed(f"lookupd {url}", f"lookupd {url} query failed", error)
             else:
+                if self._down.pop(f"lookupd {url}", None) is not None:
+                    self.log.info("lookupd %s answers again", url)
                 self._round_ok += 1
                 self._round_found |= addresses
         if self._round_deadline is None:
@@ -238,4 +301,25 @@ class Discovery:
         self._round_deadline = None
         self.polls += 1
         self.last_poll = now
-        self.next_poll = now + self._jittered_interval()
+        wait = self._next_interval()
+        self.next_poll = now + wait
+        if self.discovered:
+            self.empty_polls = 0
+            self._wait_logged = False
+            return
+        self.empty_polls += 1
+        if self._round_ok and not self._wait_logged and not self.direct:
+            self._wait_logged = True
+            self.log.info(
+                "no nsqd carries topic %s yet (nsqlookupd %s): waiting for it to appear, asking "
+                "again in %.1f s, then less often (up to every %.0f s)",
+                self.topic,
+                ", ".join(self.lookupds),
+                wait,
+                self.poll_interval,
+            )
+
+
+def _reason(error: BaseException) -> str:
+    """``error`` as the end of a log line."""
+    return str(error) or type(error).__name__

@@ -96,6 +96,12 @@ class Lifecycle:
         lookupd answered that none carries the topic."""
         return not self._connections.addresses() and self._discovery.knows_no_nsqd()
 
+    def connected(self) -> bool:
+        return bool(self._connections.addresses())
+
+    def unreached(self) -> list[str]:
+        return self._discovery.unreached()
+
     def end_run(self) -> None:
         self._stop_requested.set()
 

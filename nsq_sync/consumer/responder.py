@@ -71,14 +71,19 @@ class ConsumerResponder:
             data = b"FIN " + b"\nFIN ".join([message.id for message in group]) + b"\n"
             self._write(conn, data, "finished", len(group), now=True)
 
+    def delay_for(self, message: Message, delay: float | None = None) -> float:
+        """The seconds a REQ of ``message`` defers it: ``delay``, or (None)
+        ``default_requeue_delay * attempts``; at most ``max_requeue_delay``."""
+        cfg = self.config
+        if delay is None:
+            delay = cfg.default_requeue_delay * message.attempts
+        return min(delay, cfg.max_requeue_delay)
+
     def requeue(self, message: Message, delay: float | None, backoff: bool) -> None:
         conn = message.connection
         if conn is None:
             return
-        cfg = self.config
-        if delay is None:
-            delay = cfg.default_requeue_delay * message.attempts
-        delay = min(delay, cfg.max_requeue_delay)
+        delay = self.delay_for(message, delay)
         self.connections.answered(conn, "requeued", backoff)
         self._write(conn, commands.req(message.id, delay), "requeued", 1, now=False)
 

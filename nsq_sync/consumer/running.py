@@ -44,8 +44,9 @@ class RunSummary:
         gave_up: messages given up (``max_attempts`` used up, or
             :class:`~nsq_sync.errors.DeadLetter` raised).
         elapsed: seconds the run took, the graceful stop included.
-        reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"`` or
-            ``"max_messages"`` (see :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`).
+        reason: why it ended: ``"stopped"``, ``"signal"``, ``"timeout"``, ``"idle"``,
+            ``"max_messages"`` or ``"unreachable"`` (``idle_timeout`` came while no nsqd was
+            connected; see :meth:`Consumer.run <nsq_sync.consumer.Consumer.run>`).
         dead_lettered: messages published to the dead-letter topic (also in ``gave_up``).
     """
 
@@ -60,15 +61,16 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        """True when no handler call failed and no message was given up."""
-        return self.failed == 0 and self.gave_up == 0
+        """True when no handler call failed, no message was given up, and the run did not end
+        ``"unreachable"`` (a run that never reached an nsqd is no healthy empty run)."""
+        return self.failed == 0 and self.gave_up == 0 and self.reason != "unreachable"
 
     @property
     def exit_status(self) -> int:
         """The exit status of a command that ran this consumer (``nsq-sync tail``/``drain``,
         ``manage.py nsq_consume``, ``flask nsq consume``): 0 after a graceful stop (SIGTERM, SIGINT
         or ``stop()``: a deploy stopping a worker is success) or when :attr:`ok`, else 1 (handlers
-        failed or gave up: cron can alert)."""
+        failed or gave up, or no nsqd could be reached: cron can alert)."""
         return 0 if self.reason in ("signal", "stopped") or self.ok else 1
 
 
@@ -110,6 +112,14 @@ class RunControl(Protocol):
 
     def nothing_to_consume(self) -> bool:
         """True when there is no nsqd to consume from (waiting then is idle)."""
+        ...
+
+    def connected(self) -> bool:
+        """True while some nsqd connection is subscribed (time without one is idle)."""
+        ...
+
+    def unreached(self) -> list[str]:
+        """The servers wanted and not reached, each with why (for the run's last word)."""
         ...
 
     def end_run(self) -> None:
@@ -210,7 +220,10 @@ def run_to_end(
                 break
             if idle_for is not None:
                 credit, _, count = control.credit()
-                credit_open = credit > 0 or control.nothing_to_consume()
+                nothing = control.nothing_to_consume()
+                # no nsqd connected (never reached, or lost) while there is one to wait for
+                cut_off = not nothing and not control.connected()
+                credit_open = credit > 0 or nothing or cut_off
                 now = time.monotonic()
                 if count != received or not credit_open:
                     received = count
@@ -218,8 +231,15 @@ def run_to_end(
                 elif idle_since is None:
                     idle_since = now
                 elif now - idle_since >= idle_for:
-                    reason = "idle"
+                    reason = "unreachable" if cut_off else "idle"
                     break
+        if reason == "unreachable":
+            runnable.log.warning(
+                "no nsqd connected for %.1f s (idle_timeout): ending the run as unreachable; "
+                "not reached: %s",
+                idle_for,
+                "; ".join(control.unreached()) or "no nsqd",
+            )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

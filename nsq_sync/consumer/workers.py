@@ -135,6 +135,7 @@ class WorkerPool:
         on_fatal: Callable[[BaseException], None] | None = None,
         on_failed: Callable[[Message], None] | None = None,
         dead_letter: DeadLetterHook | None = None,
+        requeue_delay: Callable[[Message], float] | None = None,
     ) -> None:
         self.runtime = runtime
         self.handler = handler
@@ -150,6 +151,9 @@ class WorkerPool:
         self.on_fatal = on_fatal
         self.on_failed = on_failed
         self.dead_letter = dead_letter
+        #: the delay a plain requeue() of a message gets (for the log line that says when the
+        #: retry comes); None: not said
+        self.requeue_delay = requeue_delay
         #: called before each message is handled (handler call or give-up); False: it is not,
         #: and is requeued at once with no delay (``Consumer.run(max_messages=)`` sets it)
         self.admit: Callable[[Message], bool] | None = None
@@ -339,7 +343,11 @@ class WorkerPool:
                 try:
                     message.requeue(req.delay, req.backoff)
                 except ConfigError:
-                    self.log.exception("RequeueMessage with a bad delay; requeueing %r", message)
+                    self.log.exception(
+                        "RequeueMessage with a bad delay; requeueing %r%s",
+                        message,
+                        self.when_retried([message]),
+                    )
                     message.requeue(None, req.backoff)
             return False
         except BaseException as exc:
@@ -365,9 +373,10 @@ class WorkerPool:
                 )
             else:
                 self.log.exception(
-                    "handler failed on message %r (attempt %d); requeueing",
+                    "handler failed on message %r (attempt %d); requeueing%s",
                     message,
                     message.attempts,
+                    self.when_retried([message]),
                 )
             self.requeue_or_give_up(message, exc)
             return False
@@ -380,13 +389,26 @@ class WorkerPool:
         # it is finished with the worker's next batch.
         return message.claim(None)
 
+    def when_retried(self, messages: list[Message]) -> str:
+        """`` in 90 s`` (`` in 90-180 s`` for several): when a plain requeue() of ``messages``
+        has nsqd deliver them again, for a log line; empty when unknown."""
+        if self.requeue_delay is None or not messages:
+            return ""
+        delays = sorted({self.requeue_delay(m) for m in messages})
+        low, high = delays[0], delays[-1]
+        return f" in {low:g} s" if low == high else f" in {low:g}-{high:g} s"
+
     def _last_attempt(self, message: Message) -> bool:
         return 0 < self.max_attempts <= message.attempts
+
+    def gives_up(self, message: Message, error: BaseException) -> bool:
+        """True when :meth:`requeue_or_give_up` gives ``message`` up rather than requeue it."""
+        return isinstance(error, DeadLetter) or self._last_attempt(message)
 
     def requeue_or_give_up(self, message: Message, error: BaseException) -> None:
         """The handler failed on ``message``: give it up after :class:`~nsq_sync.errors.DeadLetter`
         or on its last attempt, else requeue it with the delay policy and backoff."""
-        if isinstance(error, DeadLetter) or self._last_attempt(message):
+        if self.gives_up(message, error):
             self.give_up(message, error)
         else:
             message.requeue()

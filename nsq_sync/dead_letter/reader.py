@@ -73,7 +73,8 @@ class ReplaySummary:
         invalid: messages left in place: their body is not an envelope.
         failed: republish attempts that failed (the message stays until one succeeds).
         reason: ``"idle"`` (everything seen), ``"max_messages"``, ``"signal"``, ``"timeout"``,
-            ``"stopped"`` or ``"held"`` (``max_in_flight`` messages left in place at once).
+            ``"stopped"``, ``"unreachable"`` (no nsqd connected when ``idle_timeout`` came) or
+            ``"held"`` (``max_in_flight`` messages left in place at once).
         elapsed: seconds it took.
     """
 
@@ -86,8 +87,8 @@ class ReplaySummary:
 
     @property
     def ok(self) -> bool:
-        """True when no republish failed and nothing was left unread."""
-        return self.failed == 0 and self.reason != "held"
+        """True when no republish failed, nothing was left unread and an nsqd was reached."""
+        return self.failed == 0 and self.reason not in ("held", "unreachable")
 
 
 class _Reading:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.nsq import message_count, wait_for
+from support.nsq import free_closed_port, message_count, wait_for
 from support.web import (
     EXAMPLE,
     all_answered,
@@ -375,6 +375,21 @@ def test_nsq_consume_idle_timeout_exits_1_when_handlers_failed(
     # the example's LOGGING routes nsq_sync's logs: shown once, by its handler, not twice
     assert err.count("Traceback (most recent call last)") == 1, err
     assert "ValueError: order 2 cannot be shipped" in err, err
+
+
+def test_nsq_consume_exits_1_when_its_nsqd_cannot_be_reached(
+    tmp_path: Path, nsq_topic: str
+) -> None:
+    """Issue 39: the command waited for ever; now the idle timeout ends it "unreachable"."""
+    address = f"127.0.0.1:{free_closed_port()}"
+    _, env = migrated_shop(tmp_path, NSQD_TCP_ADDRESSES=address)
+    code, err = finish(
+        _consume(env, nsq_topic, "--handler", "shop.handlers.ship", "--idle-timeout", "1"),
+        timeout=30.0,
+    )
+    assert code == 1, err
+    assert f"cannot connect to nsqd {address}" in err, err
+    assert "consumer stopped (unreachable)" in err, err
 
 
 BARE_SETTINGS = """

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from flask import Flask, current_app
-from support.nsq import message_count
+from support.nsq import free_closed_port, message_count
 from support.web import (
     FLASK_EXAMPLE,
     all_answered,
@@ -229,6 +229,24 @@ def test_flask_consume_idle_timeout_exits_1_when_a_handler_failed(
     assert err.count("Traceback (most recent call last)") == 1, err
     assert "ValueError: refusing to archive 'fail'" in err, err
     assert "consumer stopped (max_messages): 2 handled, 1 failed" in err, err
+
+
+def test_flask_consume_exits_1_when_its_nsqd_cannot_be_reached(
+    tmp_path: Path, nsq_topic: str
+) -> None:
+    """Issue 39: the command waited for ever; now the idle timeout ends it "unreachable"."""
+    address = f"127.0.0.1:{free_closed_port()}"
+    env = dict(os.environ)
+    env.update(
+        NSQD_TCP_ADDRESSES=address, ARCHIVE_FILE=str(tmp_path / "a.log"), EVENTS_TOPIC=nsq_topic
+    )
+    code, err = finish(
+        _flask_consume(env, nsq_topic, "--handler", "app:archive", "--idle-timeout", "1"),
+        timeout=30.0,
+    )
+    assert code == 1, err
+    assert f"cannot connect to nsqd {address}" in err, err
+    assert "consumer stopped (unreachable)" in err, err
 
 
 def test_flask_consume_batch_size_hands_batches_to_the_handler_in_an_app_context(

@@ -307,6 +307,29 @@ def test_drain_to_a_file_stops_when_idle_and_leaves_nothing_in_flight(
     assert (stats["depth"], stats["in_flight_count"], stats["deferred_count"]) == (0, 0, 0)
 
 
+def test_drain_whose_nsqd_is_killed_mid_run_exits_1_unreachable(
+    nsqd_factory: Any, nsq_topic: str
+) -> None:
+    """Issue 39: the start-up check passed, then nsqd went away: the drain waited for ever."""
+    nsqd = nsqd_factory()
+    prepare_channel(nsqd, nsq_topic, "ch", 0)
+    proc = spawn(
+        "--nsqd-tcp-address", nsqd.tcp_address, "drain", nsq_topic, "ch", "--idle-timeout", "2"
+    )  # fmt: skip
+    try:
+        wait_for(lambda: has_client(nsqd, nsq_topic), "the drain subscribed")
+        nsqd.kill()
+        _, err = proc.communicate(timeout=30.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    text = err.decode()
+    assert f"cannot connect to nsqd {nsqd.tcp_address}" in text, text
+    assert "unreachable" in text, text
+
+
 def test_drain_writes_a_message_delivered_many_times_before(
     nsqd: NsqdProcess, nsq_topic: str
 ) -> None:
@@ -519,7 +542,56 @@ def test_lookup_prints_the_nsqds_that_carry_the_topic(
         "--lookupd-http-address",
         nsqlookupd.http_address,
     )
-    assert (unknown.returncode, unknown.stdout) == (0, b"")
+    assert (unknown.returncode, unknown.stdout) == (1, b"")
+    assert "no such topic" in unknown.stderr.decode(), unknown.stderr
+
+
+def test_stats_and_lookup_of_a_topic_that_does_not_exist_say_so_and_exit_1(
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, nsq_topic: str
+) -> None:
+    """Issue 39: a mistyped topic printed nothing (stats: an empty table) and exited 0."""
+    typo = "typo_" + nsq_topic[-8:]
+    for command in (
+        ["stats", "--topic", typo, "--nsqd-http-address", nsqd.http_address],
+        ["stats", "--topic", typo, "--lookupd-http-address", nsqlookupd.http_address],
+        ["lookup", typo, "--lookupd-http-address", nsqlookupd.http_address],
+    ):
+        done = nsq_sync(*command)
+        assert done.returncode == 1, (command, done.stderr)
+        assert done.stdout == b"", command
+        line = one_clear_line(done.stderr)
+        assert f"no such topic {typo}" in line, line
+
+
+def test_dead_letter_list_of_a_topic_that_does_not_exist_says_so_and_creates_nothing(
+    nsqd: NsqdProcess, nsqlookupd: NsqlookupdProcess, nsq_topic: str
+) -> None:
+    """Issue 39: listing a mistyped topic created it and a durable dead-letter channel on it,
+    then printed an empty table with exit status 0."""
+    typo = "typo_" + nsq_topic[-8:]
+    for source in (
+        ["--nsqd-tcp-address", nsqd.tcp_address, "--nsqd-http-address", nsqd.http_address],
+        ["--lookupd-http-address", nsqlookupd.http_address],
+    ):
+        done = nsq_sync("dead-letter", "list", typo, "--idle-timeout", "0.5", *source)
+        assert done.returncode == 1, (source, done.stderr)
+        assert done.stdout == b"", source
+        line = one_clear_line(done.stderr)
+        assert f"no such topic {typo}" in line and "nothing was created" in line, line
+        with http(nsqd) as client:
+            assert client.topic_stats(typo) is None, "the mistyped topic was created"
+
+
+def test_pub_v_says_what_it_published_where(nsqd: NsqdProcess, nsq_topic: str) -> None:
+    """Issue 39: pub printed nothing on success, even with -v."""
+    done = nsq_sync("-v", "pub", nsq_topic, "a", "--nsqd-tcp-address", nsqd.tcp_address)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"published 1 message to topic {nsq_topic} on nsqd {nsqd.tcp_address}"
+        in done.stderr.decode()
+    ), done.stderr
+    quiet = nsq_sync("pub", nsq_topic, "b", "c", "--nsqd-tcp-address", nsqd.tcp_address)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, b"", b"")
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cron_drain.py"

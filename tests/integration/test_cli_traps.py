@@ -229,8 +229,8 @@ def test_lookup_of_an_unknown_topic_says_so_on_stderr(
     status, out, err, _ = nsq_sync(
         "lookup", nsq_topic, "--lookupd-http-address", nsqlookupd.http_address
     )
-    assert (status, out) == (0, "")
-    assert f"no nsqd carries topic {nsq_topic}" in one_line(err)
+    assert (status, out) == (1, "")  # issue 39: a typo is an error, not an empty answer
+    assert f"no such topic {nsq_topic}" in one_line(err)
 
 
 def test_pub_reading_a_terminal_says_so(nsqd: NsqdProcess, nsq_topic: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 from support.nsq import bounded, connected_addresses
 from support.nsq import wait_for as _wait_for
 
-from nsq_sync import Consumer, Message, NsqdHTTPClient
+from nsq_sync import BatchConsumer, Consumer, Message, NsqdHTTPClient
 from nsq_sync.testing import NsqdProcess
 
 pytestmark = pytest.mark.integration
@@ -671,3 +671,47 @@ def test_wait_connected_and_configuration_errors_are_logged_as_errors(
         assert connected_addresses(right) == [nsqd.tcp_address]
     finally:
         right.stop(5.0)
+
+
+def test_a_failed_handler_logs_when_the_retry_comes(
+    nsqd: NsqdProcess,
+    nsq_topic: str,
+    consumers: Callable[..., Consumer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 39: "requeueing" did not say when; default_requeue_delay (90 s times the attempt)
+    was found only by reading Config(). A BatchConsumer's line says it too."""
+    caplog.set_level(logging.ERROR, logger="nsq_sync")
+    with NsqdHTTPClient(nsqd.http_url) as client:
+        client.create_topic(nsq_topic)
+        client.create_channel(nsq_topic, CHANNEL)
+        client.pub(nsq_topic, b"x")
+
+    def fail(message: Message) -> None:
+        raise ValueError("no")
+
+    consumer = consumers(
+        nsq_topic, CHANNEL, fail, nsqd_tcp_addresses=[nsqd.tcp_address], max_backoff_duration=0
+    )
+    consumer.start()
+    wait_for(lambda: consumer.stats().requeued == 1, "the REQ")
+    failed = [r.getMessage() for r in caplog.records if "handler failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].endswith("(attempt 1); requeueing in 90 s"), failed
+    consumer.stop(5.0)
+
+    batch_topic = "b_" + nsq_topic[-40:]
+    batches = BatchConsumer(
+        batch_topic, CHANNEL, lambda batch: fail(batch[0]), 2, 0.1,
+        nsqd_tcp_addresses=[nsqd.tcp_address], default_requeue_delay=2.5, max_backoff_duration=0,
+    )  # fmt: skip
+    with NsqdHTTPClient(nsqd.http_url) as client:
+        client.create_topic(batch_topic)
+        client.create_channel(batch_topic, CHANNEL)
+        client.mpub(batch_topic, [b"a", b"b"])
+    batches.start()
+    try:
+        wait_for(lambda: batches.stats().requeued == 2, "the REQs")
+    finally:
+        batches.stop(5.0)
+    lines = [r.getMessage() for r in caplog.records if "batch handler failed" in r.getMessage()]
+    assert lines and lines[0].endswith("requeueing 2 in 2.5 s"), lines

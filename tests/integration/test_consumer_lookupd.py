@@ -7,6 +7,7 @@ threads and under gevent (``python tests/run_gevent.py``).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections import Counter
@@ -17,7 +18,7 @@ import pytest
 from support.nsq import bounded, connected_addresses
 from support.nsq import wait_for as _wait_for
 
-from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient
+from nsq_sync import Consumer, LookupdClient, Message, NsqdHTTPClient, Producer
 from nsq_sync.testing import NsqdProcess, NsqlookupdProcess
 
 pytestmark = pytest.mark.integration
@@ -133,6 +134,44 @@ def test_discovers_two_nsqds_and_one_that_joins_later(
     for client in clients:
         wait_for(lambda client=client: drained(client, nsq_topic), "every channel empty")
     assert len({body for body, _ in handler.seen}) == 55
+
+
+def test_a_topic_created_after_the_consumer_started_is_found_within_seconds(
+    nsqd: NsqdProcess,
+    nsqlookupd: NsqlookupdProcess,
+    nsq_topic: str,
+    consumers: Callable[..., Consumer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 39: with the default 60 s poll interval, a consumer started before anything was
+    published to its topic got the first message only at the next poll, a minute later. While
+    lookupd lists no nsqd, it is now polled from 1 s on (doubling): the message arrives within
+    seconds, and the wait was logged at INFO."""
+    caplog.set_level(logging.INFO, logger="nsq_sync")
+    handler = Recorder()
+    consumer = consumers(
+        nsq_topic,
+        CHANNEL,
+        handler,
+        lookupd_http_addresses=[nsqlookupd.http_address],
+        lookupd_poll_interval=60.0,
+    )
+    consumer.start()
+
+    def waiting() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.INFO and "waiting for it to appear" in r.getMessage()
+        ]
+
+    wait_for(waiting, "the INFO line: waiting for the topic")
+    assert nsq_topic in waiting()[0] and nsqlookupd.http_address in waiting()[0]
+    with Producer(nsqd.tcp_address) as producer:
+        producer.publish(nsq_topic, b"first")
+    wait_for(lambda: handler.handled == 1, "the first message", timeout=10.0)
+    assert handler.seen == [(b"first", nsqd.tcp_address)]
+    assert len(waiting()) == 1  # once per wait, not once per poll
 
 
 def test_max_in_flight_2_over_three_nsqds_never_exceeds_2_ready(

@@ -261,7 +261,7 @@ def test_bad_run_arguments_raise_before_anything_starts(
     consumer.stop(5.0)
 
 
-def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_not(
+def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_unreachable(
     nsqlookupd: NsqlookupdProcess, nsq_topic: str
 ) -> None:
     """With lookupd only, a cron drain of a topic nobody has published yet must still end."""
@@ -271,12 +271,15 @@ def test_a_topic_no_nsqd_carries_is_idle_but_an_unreachable_lookupd_is_not(
     summary = consumer.run(idle_timeout=0.5, timeout=30.0)
     assert summary.reason == "idle"
     assert summary.handled == 0
-    # a lookupd that does not answer says nothing about the topic: waiting for it is not idle
+    assert summary.ok
+    # a lookupd that does not answer says nothing about the topic: the run ends, not ok
+    # (issue 39: it waited for ever, up to `timeout`)
     dead = Consumer(
         nsq_topic, CHANNEL, Handled(), lookupd_http_addresses=[f"127.0.0.1:{free_closed_port()}"]
     )
-    summary = dead.run(idle_timeout=0.3, timeout=1.5)
-    assert summary.reason == "timeout"
+    summary = dead.run(idle_timeout=0.3, timeout=30.0)
+    assert summary.reason == "unreachable"
+    assert not summary.ok
 
 
 def test_a_handler_calling_stop_ends_the_run_as_stopped(nsqd: NsqdProcess, nsq_topic: str) -> None:

@@ -508,8 +508,9 @@ def test_server_side_rejection(
     assert re.search(pattern, str(info.value)), str(info.value)
     assert took < publish_timeout + 1.0, f"publish took {took:.1f} s"
 
-    # Consumer: logs the failure and keeps retrying.
-    caplog.set_level(logging.WARNING, logger="nsq_sync")
+    # Consumer: logs the failure and keeps retrying (a configuration error at ERROR every time,
+    # any other failure at WARNING once, then at DEBUG: issue 39)
+    caplog.set_level(logging.DEBUG, logger="nsq_sync")
     consumer = Consumer(
         nsq_topic,
         CHANNEL,
@@ -529,6 +530,12 @@ def test_server_side_rejection(
             ]
 
         wait_for(lambda: len(failures()) >= 2, f"two logged attempts matching {log_pattern!r}")
+        warned = [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and re.search(log_pattern, r.getMessage())
+        ]
+        assert warned, "the first failure is a WARNING or an ERROR"
         assert connected_addresses(consumer) == []
         assert consumer.wait_connected(0) is False
     finally:

@@ -8,6 +8,8 @@ ever adds nsqds.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import random
 from typing import Any
 
@@ -109,6 +111,7 @@ def test_every_lookupd_is_queried_in_parallel_and_answers_merge() -> None:
 
 def test_the_next_poll_comes_after_the_interval_with_jitter_on_every_poll() -> None:
     h = Harness(lookupds=("http://l1:4161",), poll_interval=60.0, poll_jitter=0.3)
+    h.lookupd.answers = {"http://l1:4161": {"a:4150"}}
     waits = []
     for _ in range(20):
         wait = h.poll()
@@ -118,6 +121,67 @@ def test_the_next_poll_comes_after_the_interval_with_jitter_on_every_poll() -> N
     assert all(42.0 <= w <= 78.0 for w in waits), waits  # 60 s +- 30 %
     assert len(set(waits)) == len(waits)  # jitter on every poll, not only the first
     assert len(h.lookupd.queries) == 20
+
+
+def test_while_lookupd_lists_no_nsqd_it_is_polled_from_1_s_doubling_up_to_the_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 39: a topic created after the consumer started was found only at the next poll,
+    60 s later. Now the polls come 1, 2, 4... s apart (jittered) while no nsqd is listed, and
+    the interval's length again once one is; the wait is logged at INFO once."""
+    caplog.set_level(logging.DEBUG)
+    h = Harness(lookupds=("http://l1:4161",), poll_interval=60.0, poll_jitter=0.3)
+    waits = []
+    for _ in range(9):
+        wait = h.poll()
+        assert wait is not None
+        waits.append(wait)
+        h.clock.now += wait
+    for n, wait in enumerate(waits):
+        full = min(60.0, 2.0**n)
+        assert full * 0.7 <= wait <= full * 1.3, (n, waits)
+    # the extra load is bounded: at most 7 queries in the first minute of a wait (not 1)
+    assert sum(1 for t in itertools.accumulate([0.0, *waits]) if t < 60.0) <= 7
+    waiting = [r for r in caplog.records if "waiting for it to appear" in r.getMessage()]
+    assert len(waiting) == 1 and waiting[0].levelno == logging.INFO
+    assert "topic t" in waiting[0].getMessage() and "http://l1:4161" in waiting[0].getMessage()
+    # the topic appears: back to the interval; when it goes again, a new wait starts
+    h.lookupd.answers = {"http://l1:4161": {"a:4150"}}
+    wait = h.poll()
+    assert wait is not None and 42.0 <= wait <= 78.0
+    h.clock.now += wait
+    h.lookupd.answers = {"http://l1:4161": set()}
+    wait = h.poll()
+    assert wait is not None and 0.7 <= wait <= 1.3
+    waiting = [r for r in caplog.records if "waiting for it to appear" in r.getMessage()]
+    assert len(waiting) == 2
+
+
+def test_an_unreachable_server_is_one_warning_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 39: a WARNING names a server at its first failure, the retries are DEBUG, and a
+    new outage after it answered again warns again."""
+    caplog.set_level(logging.DEBUG)
+    h = Harness(direct=("a:4150",), lookupds=("http://l1:4161",), poll_interval=10.0)
+    h.lookupd.answers = {"http://l1:4161": OSError("Connection refused")}
+    h.step()
+    for _ in range(5):
+        h.d.connect_failed("a:4150", error=OSError("Connection refused"))
+        h.clock.now = max(h.d.retry_at["a:4150"], h.d.next_poll)
+        h.poll()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2, warnings
+    assert any("cannot connect to nsqd a:4150: Connection refused" in w for w in warnings)
+    assert any("lookupd http://l1:4161 query failed: Connection refused" in w for w in warnings)
+    assert all("no nsqd is connected for topic t" in w for w in warnings)
+    assert h.d.unreached() == [
+        "nsqd a:4150 (Connection refused)",
+        "lookupd http://l1:4161 (Connection refused)",
+    ]
+    h.connect_ok("a:4150")
+    h.lose("a:4150")
+    h.d.connect_failed("a:4150", error=OSError("Connection refused"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
 
 
 def test_a_hanging_lookupd_holds_up_neither_the_others_nor_direct_nsqds() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import logging
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,39 @@ def test_max_in_flight_zero_warns_at_start(caplog: pytest.LogCaptureFixture) -> 
         consumer.start()
         consumer.stop(timeout=2.0)
     assert any("paused" in r.getMessage() for r in caplog.records)
+
+
+def ship(message: Message) -> None:
+    pass
+
+
+def insert(messages: list[Message]) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "order"),
+    [
+        (lambda: Consumer("orders", ship, nsqd_tcp_addresses="127.0.0.1:4150"), "handler"),
+        (lambda: Consumer("orders", ship, "x", nsqd_tcp_addresses="127.0.0.1:4150"), "handler"),
+        (lambda: BatchConsumer("orders", insert, nsqd_tcp_addresses="127.0.0.1:4150"), "handle_batch"),
+        (lambda: BatchConsumer("orders", insert, 500, nsqd_tcp_addresses="127.0.0.1:4150"), "handle_batch"),
+    ],
+)  # fmt: skip
+def test_a_forgotten_channel_is_named_with_the_order_of_the_arguments(
+    make: Any, order: str
+) -> None:
+    """Issue 39: Consumer("orders", handle, ...) raised "missing 1 required positional
+    argument: 'handler'" (or "handle_batch must be callable, got 500"): the channel it lacks was
+    not named."""
+    with pytest.raises(ConfigError) as raised:
+        make()
+    text = str(raised.value)
+    assert "channel is missing" in text, text
+    assert f"(topic, channel, {order}, ...)" in text, text
+    assert "'orders', 'my-channel', " in text, text
+
+
+def test_a_missing_handler_is_named_too() -> None:
+    with pytest.raises(ConfigError, match=r"needs a handler: the arguments are Consumer\(topic, "):
+        Consumer("orders", "export", nsqd_tcp_addresses="127.0.0.1:4150")

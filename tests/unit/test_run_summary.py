@@ -34,3 +34,11 @@ def test_a_graceful_stop_exits_0_even_after_failures(reason: str) -> None:
     done = summary(reason, failed=3, gave_up=1)
     assert not done.ok
     assert done.exit_status == 0  # a deploy stopping a worker is not a failure
+
+
+def test_a_run_that_reached_no_nsqd_is_not_ok_and_exits_1() -> None:
+    """Issue 39: a cron run whose servers could not be reached must not pass for a healthy
+    empty run."""
+    done = summary("unreachable")
+    assert not done.ok
+    assert done.exit_status == 1

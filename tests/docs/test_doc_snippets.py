@@ -373,14 +373,14 @@ def check_dead_letter(run: Run) -> None:
     assert lines_with("billed order ", run) == ["1", "3"], run.describe()
     assert "dead-lettered: 1 (stats: 1 )" in run.stdout, run.describe()
     assert (
-        "dead: payments billing 1 nsq_sync.errors.DeadLetter: not an order number b'oops'"
+        "dead: orders billing 1 nsq_sync.errors.DeadLetter: not an order number b'oops'"
         in run.stdout
     ), run.describe()
     assert "replayed: 1" in run.stdout, run.describe()
     # the poison is back in its topic (waiting for the fixed consumer), gone from orders.dead
-    back = settled_channel(run.nsqd, "payments", "billing")
+    back = settled_channel(run.nsqd, "orders", "billing")
     assert (back["depth"], back["in_flight_count"]) == (1, 0), run.describe()
-    drained(run, "payments.dead", "dead-letter")
+    drained(run, "orders.dead", "dead-letter")
 
 
 def check_pytest_plugin(run: Run) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsq_sync._version import __version__
+from nsq_sync._version import __version__, install_hint
 from nsq_sync.addresses import address_list
 from nsq_sync.durations import Duration, parse_duration, to_seconds
 from nsq_sync.errors import ConfigError
@@ -349,8 +349,7 @@ class Config:
             raise ConfigError("snappy and deflate cannot both be enabled")
         if self.snappy and importlib.util.find_spec("snappy") is None:
             raise ConfigError(
-                "snappy=True needs python-snappy, which is not installed: "
-                "pip install 'nsq_sync[snappy]'"
+                "snappy=True needs python-snappy, which is not installed: " + install_hint("snappy")
             )
         if self.deflate and importlib.util.find_spec("zlib") is None:
             raise ConfigError("deflate=True needs the zlib module, which this Python lacks")

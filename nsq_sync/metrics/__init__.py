@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from nsq_sync._version import install_hint
 from nsq_sync.errors import ConfigError
 from nsq_sync.metrics import observer as _observe
 
@@ -36,9 +37,7 @@ def _require(module: str, extra: str) -> None:
     try:
         __import__(module)
     except ImportError as exc:
-        raise ImportError(
-            f"{module} is not installed: pip install 'nsq_sync[{extra}]' ({exc})"
-        ) from exc
+        raise ImportError(f"{module} is not installed: {install_hint(extra)} ({exc})") from exc
 
 
 def enable_prometheus(registry: Any = None) -> None:

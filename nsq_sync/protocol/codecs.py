@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Protocol
 
+from nsq_sync._version import install_hint
 from nsq_sync.errors import RemoteProtocolError
 
 
@@ -48,9 +49,7 @@ class SnappyCodec:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             from nsq_sync.errors import ConfigError
 
-            raise ConfigError(
-                "snappy=True needs python-snappy: pip install 'nsq_sync[snappy]'"
-            ) from exc
+            raise ConfigError(f"snappy=True needs python-snappy: {install_hint('snappy')}") from exc
         self._c: Any = snappy.StreamCompressor()
         self._d: Any = snappy.StreamDecompressor()
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nsq_sync import process
+from nsq_sync._version import install_hint
 
 __all__ = [
     "AutoRuntime",
@@ -197,9 +198,7 @@ def resolve_runtime(runtime: str | Runtime | None = "auto", *, lazy: bool = Fals
         try:
             from nsq_sync.runtime.gevent import GeventRuntime
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "runtime='gevent' needs gevent: pip install 'nsq_sync[gevent]'"
-            ) from exc
+            raise ConfigError(f"runtime='gevent' needs gevent: {install_hint('gevent')}") from exc
         return GeventRuntime()
     if isinstance(runtime, str):
         raise ConfigError(f"runtime must be 'auto', 'threads' or 'gevent', got {runtime!r}")

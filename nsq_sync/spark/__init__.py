@@ -7,14 +7,15 @@ options). Needs the ``spark`` extra; ``import nsq_sync`` never imports pyspark, 
 
 from __future__ import annotations
 
+from nsq_sync._version import install_hint
+
 try:
     import pyarrow  # noqa: F401  (the writer and the reader move rows as Arrow batches)
     import pyspark
     from pyspark.sql.datasource import DataSource  # noqa: F401  (pyspark >= 4.0)
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the unit tests
     raise ImportError(
-        "nsq_sync.spark needs pyspark >= 4.0, pyarrow and pandas: pip install nsq_sync[spark] "
-        f"({exc})"
+        f"nsq_sync.spark needs pyspark >= 4.0, pyarrow and pandas: {install_hint('spark')} ({exc})"
     ) from exc
 
 from nsq_sync.spark._datasource import SOURCE_SCHEMA, NsqDataSource

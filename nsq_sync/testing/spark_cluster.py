@@ -26,6 +26,8 @@ from typing import Any
 
 import requests
 
+from nsq_sync._version import install_hint
+
 __all__ = [
     "SparkClusterError",
     "SparkConnectServer",
@@ -45,7 +47,7 @@ def spark_home() -> Path:
     """The pyspark installation folder; raises :class:`SparkClusterError` without pyspark."""
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        raise SparkClusterError("pyspark is not installed: pip install nsq_sync[spark]")
+        raise SparkClusterError(f"pyspark is not installed: {install_hint('spark')}")
     return Path(spec.origin).resolve().parent
 
 

@@ -19,7 +19,8 @@ import nsq_sync
 PACKAGE_DIR = Path(nsq_sync.__file__).resolve().parent
 PROTOCOL_FILES = sorted((PACKAGE_DIR / "protocol").glob("*.py"))
 
-ALLOWED_FIRST_PARTY = {"nsq_sync.errors", "nsq_sync.protocol"}
+#: (nsq_sync._version: the distribution's version and its extras' pip lines, no I/O)
+ALLOWED_FIRST_PARTY = {"nsq_sync.errors", "nsq_sync._version", "nsq_sync.protocol"}
 #: optional backends a protocol module may import lazily, inside the function that needs them
 #: (STYLE.md: codecs.py imports snappy only when snappy is negotiated)
 LAZY_OPTIONAL = {"snappy", "cramjam"}
@@ -101,7 +102,9 @@ def test_protocol_modules_import_only_stdlib_siblings_and_errors(path: Path) -> 
         for line, module, lazy in _imports(path)
         if not _allowed(module, lazy)
     ]
-    assert not bad, "protocol/ must import only the stdlib, its siblings and nsq_sync.errors"
+    assert not bad, (
+        "protocol/ must import only the stdlib, its siblings, nsq_sync.errors and _version"
+    )
 
 
 def test_the_import_checker_catches_violations(tmp_path: Path) -> None:
@@ -147,7 +150,8 @@ def import_without(monkeypatch: pytest.MonkeyPatch, module: str, missing: str) -
 
 
 def test_nsq_sync_spark_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert "pip install nsq_sync[spark]" in import_without(monkeypatch, "nsq_sync.spark", "pyspark")
+    message = import_without(monkeypatch, "nsq_sync.spark", "pyspark")
+    assert 'pip install "nsq_sync[spark]"' in message and 'pip install ".[spark]"' in message
 
 
 #: the public names of every documented module path (README, docs/api.md, DESIGN's contract)

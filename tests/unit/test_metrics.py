@@ -188,6 +188,6 @@ def test_a_missing_library_names_the_extra(
     for name in list(sys.modules):
         if name.startswith(missing + "."):
             monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(ImportError, match=rf"pip install 'nsq_sync\[{extra}\]'"):
+    with pytest.raises(ImportError, match=rf'pip install "nsq_sync\[{extra}\]"'):
         getattr(metrics, function)()
     assert _observe.publisher is None

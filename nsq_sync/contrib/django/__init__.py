@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from nsq_sync._version import install_hint
+
 try:
     import django  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "nsq_sync.contrib.django needs Django: pip install 'nsq_sync[django]'"
-    ) from exc
+    raise ImportError(f"nsq_sync.contrib.django needs Django: {install_hint('django')}") from exc
 
 from nsq_sync.contrib._common import NsqSettings, ProducerHolder, parse_settings, setting_name
 from nsq_sync.producer import Producer

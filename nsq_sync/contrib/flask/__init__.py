@@ -10,12 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nsq_sync._version import install_hint
+
 try:
     import click
     from flask import Flask, current_app
     from flask.cli import AppGroup
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("nsq_sync.contrib.flask needs Flask: pip install 'nsq_sync[flask]'") from exc
+    raise ImportError(f"nsq_sync.contrib.flask needs Flask: {install_hint('flask')}") from exc
 
 from nsq_sync import metrics
 from nsq_sync.contrib._common import (

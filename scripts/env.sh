@@ -1,5 +1,7 @@
 # shellcheck shell=bash
-# Source this file (`. scripts/env.sh`) to put the project's tools on PATH:
+# Source this file (`. scripts/env.sh`) to work ON nsq_sync: it puts the project's tools on PATH,
+# the clone's development .venv first (so `python`, `pip install` afterwards are that venv's;
+# to only run nsqd/nsqlookupd, `export PATH="$PWD/.nsq/bin:$PATH"` instead):
 #   - .venv/bin first (python, pytest, tox, ruff, mypy from scripts/bootstrap);
 #   - the newest pyenv CPython 3.9 ... 3.13 bin folders, so that tox finds python3.9 ... python3.13
 #     directly instead of through pyenv shims (which fail for versions not selected by pyenv);

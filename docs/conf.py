@@ -1,6 +1,7 @@
 """Sphinx configuration: Markdown pages (MyST), the API reference from the Google-style
-docstrings (autodoc + napoleon), mermaid diagrams, and the configuration reference generated
-from Config's field metadata (_ext/config_options.py).
+docstrings (autodoc + napoleon) and mermaid diagrams. The configuration reference is a Markdown
+table in configuration.md, generated from Config's field metadata by _ext/config_reference.py
+and checked against Config by tests/docs.
 
 Built in CI by ``tox -e docs`` as ``sphinx-build -W --keep-going -n``: any warning (a broken
 cross-reference, a renamed class, an option without a description) fails the build.
@@ -31,7 +32,6 @@ extensions = [
     "sphinx.ext.napoleon",
     "myst_parser",
     "sphinxcontrib.mermaid",
-    "config_options",
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"

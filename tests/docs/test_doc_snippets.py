@@ -635,14 +635,21 @@ def test_page_in_reading_order(page: Path, nsq_cluster: Any, tmp_path: Path) -> 
 
 def test_the_configuration_reference_covers_every_option() -> None:
     """docs/configuration.md's table comes from Config's field metadata: every option has a
-    row with a description, and a range or choices where Config checks one."""
+    row with a description, its default, and a range or choices where Config checks one; and
+    the table on the page (read on the repository's web view too) is that one, so every
+    default shown is Config's."""
     import dataclasses
 
     sys.path.insert(0, str(ROOT / "docs" / "_ext"))
     try:
-        from config_options import config_rows
+        from config_reference import config_rows, markdown_table, page_table
     finally:
         sys.path.remove(str(ROOT / "docs" / "_ext"))
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert page_table(page) == markdown_table(), (
+        "docs/configuration.md's table differs from Config: run python docs/_ext/config_reference.py"
+    )
+    assert "| `default_requeue_delay` | seconds" in page and "| `90.0` |" in page
     from nsq_sync import Config
 
     rows = {

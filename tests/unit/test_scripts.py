@@ -70,10 +70,11 @@ def test_ci_is_the_one_place_that_asks_for_system_packages() -> None:
             assert "BOOTSTRAP_SYSTEM=1\n" not in text.replace("export ", ""), script
 
 
-def test_the_readme_lists_every_extra() -> None:
+def test_the_readme_and_the_quick_start_list_every_extra() -> None:
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
     extras = set(config["options.extras_require"]) - {"dev", "docs", "test"}  # development
     readme = (ROOT / "README.md").read_text()
-    listed = set(re.findall(r'^    "\.\[([a-z-]+)\]"', readme, re.M))
-    assert listed == extras
+    assert set(re.findall(r'^    "\.\[([a-z-]+)\]"', readme, re.M)) == extras
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    assert set(re.findall(r'^    pip install "\.\[([a-z-]+)\]"', quickstart, re.M)) == extras

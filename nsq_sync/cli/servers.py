@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -189,13 +189,7 @@ def _backlogs(args: argparse.Namespace, topic: str) -> tuple[list[tuple[str, int
         [] if args.nsqd_http_addresses else [a for a in args.nsqd_tcp_addresses if a not in listed]
     )
     backlogs: list[tuple[str, int]] = []
-    for address in views:
-        with NsqdHTTPClient(address, timeout=DIAL_TIMEOUT) as client:
-            try:
-                entry = client.topic_stats(topic, include_clients=False)
-            except HTTPAPIError:
-                unseen.append(host_port(address))
-                continue
+    for address, entry in _topic_entries(views, topic, unseen):
         if entry is not None and not entry.get("channels") and int(entry.get("depth") or 0) > 0:
             backlogs.append((host_port(address), int(entry["depth"])))
     return backlogs, unseen
@@ -238,6 +232,21 @@ def _http_view(tcp_address: str) -> str | None:
     return guess if info.get("tcp_port") == int(port) else None
 
 
+def _topic_entries(
+    views: list[str], topic: str, unseen: list[str]
+) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """Each nsqd HTTP address with its /stats entry for ``topic`` (None: no such topic); one
+    that does not answer is added to ``unseen`` instead."""
+    for address in views:
+        with NsqdHTTPClient(address, timeout=DIAL_TIMEOUT) as client:
+            try:
+                entry = client.topic_stats(topic, include_clients=False)
+            except HTTPAPIError:
+                unseen.append(host_port(address))
+                continue
+        yield address, entry
+
+
 def require_topic(args: argparse.Namespace, topic: str) -> None:
     """Before a command that subscribes to ``topic`` (which creates it, and its channel, on
     nsqd): check through nsqd's HTTP API (``--nsqd-http-address``, the nsqds nsqlookupd lists,
@@ -260,13 +269,7 @@ def require_topic(args: argparse.Namespace, topic: str) -> None:
             else:
                 views.append(view)
     asked: list[str] = []
-    for address in views:
-        with NsqdHTTPClient(address, timeout=DIAL_TIMEOUT) as client:
-            try:
-                entry = client.topic_stats(topic, include_clients=False)
-            except HTTPAPIError:
-                unseen.append(host_port(address))
-                continue
+    for address, entry in _topic_entries(views, topic, unseen):
         if entry is not None:
             return
         asked.append(f"nsqd {host_port(address)}")

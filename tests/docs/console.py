@@ -1,23 +1,35 @@
-"""The shell sessions of the docs (fenced ``console`` blocks): ``$ nsq-sync ...`` lines and the
-output shown under each, run as a reader would type them.
+"""The shell sessions of the docs (fenced ``console`` blocks): ``$ COMMAND`` lines and the output
+shown under each, run as a reader would type them (by shell.py's :class:`~shell.Shell`, with the
+documented example addresses replaced by the test servers').
 
-A command is ``nsq-sync ARGS`` (run as ``python -m nsq_sync ARGS``), optionally fed by
-``seq N |``; the documented example addresses are replaced by the test servers' (``substitute``
-of test_doc_snippets). Nothing else is run: a console block with another command fails
-:func:`session`, so a page cannot show a command the tests skip without saying so.
+The output shown under a command is compared with what it printed (stdout and stderr, as a
+terminal shows them):
+
+- under ``nsq-sync``, line by line and word by word, except what differs from run to run: a
+  JSON message line is compared by its body, a message ID (16 hex digits), an age (``5s``,
+  ``3m05s``) and a decimal number (``2.1 s``) by their form;
+- under another command (``scripts/demo``), by the shape of each line (any address, number or
+  hex suffix in place of the shown ones), as the last lines of its output (a first
+  ``scripts/demo`` also says what it set up before); nothing shown there: the output is not
+  compared.
+
+The exit status is 0, or 2 where the page shows ``nsq-sync ...: error: ...``, or N where the
+command's comment says ``exit status N``.
 """
 
 from __future__ import annotations
 
+import json
 import re
-import shlex
-import subprocess
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-NSQ_SYNC = [sys.executable, "-m", "nsq_sync"]
-_SEQ = re.compile(r"^seq (\d+) \| (nsq-sync .*)$")
+from shell import comment, same_shape
+
+_VARIES = (
+    re.compile(r"[0-9a-f]{16}"),  # a message ID
+    re.compile(r"\d+(s|m\d\ds|h\d\dm|d\d\dh)"),  # an age (nsq-sync dead-letter list)
+    re.compile(r"\d+\.\d+"),  # elapsed seconds, rates
+)
 
 
 @dataclass
@@ -27,17 +39,17 @@ class Command:
     line: str  # as on the page, without "$ "
     shown: list[str] = field(default_factory=list)
 
-    def argv(self, substitute: Callable[[str], str]) -> tuple[list[str], bytes | None]:
-        """What to run and its standard input."""
-        text = substitute(self.line)
-        stdin = None
-        seq = _SEQ.match(text)
-        if seq:
-            stdin = "".join(f"{i}\n" for i in range(1, int(seq.group(1)) + 1)).encode()
-            text = seq.group(2)
-        words = shlex.split(text)
-        assert words[0] == "nsq-sync", f"not an nsq-sync command: {self.line!r}"
-        return [*NSQ_SYNC, *words[1:]], stdin
+    @property
+    def is_nsq_sync(self) -> bool:
+        words = self.line.split()
+        return "nsq-sync" in words[:4]  # nsq-sync ..., seq N | nsq-sync ...
+
+    def expected_status(self) -> int:
+        said = re.search(r"\bexit status (\d+)", comment(self.line))
+        if said:
+            return int(said.group(1))
+        refused = any(s.startswith("nsq-sync ") and ": error: " in s for s in self.shown)
+        return 2 if refused else 0
 
 
 def session(code: str) -> list[Command]:
@@ -50,21 +62,27 @@ def session(code: str) -> list[Command]:
             assert commands, f"output before any command: {line!r}"
             commands[-1].shown.append(line)
     assert commands, "a console block with no command"
-    for command in commands:
-        _, _, rest = command.line.partition("nsq-sync")
-        assert rest, f"only nsq-sync commands are run: {command.line!r}"
     return commands
 
 
-def run(
-    command: Command, substitute: Callable[[str], str], timeout: float = 60.0
-) -> subprocess.CompletedProcess[bytes]:
-    """Run ``command`` to its end."""
-    argv, stdin = command.argv(substitute)
-    return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
+def _same_word(expected: str, actual: str) -> bool:
+    return expected == actual or any(v.fullmatch(expected) and v.fullmatch(actual) for v in _VARIES)
 
 
-def spawn(command: Command, substitute: Callable[[str], str]) -> subprocess.Popen[bytes]:
-    """Start a long-running ``command`` (``nsq-sync tail`` until Ctrl-C)."""
-    argv, _ = command.argv(substitute)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def same_output(command: Command, shown: list[str], output: str, where: str) -> None:
+    """Assert that ``output`` is what the page shows under ``command`` (``shown``, with the
+    test's addresses in place of the documented ones)."""
+    actual = output.splitlines()
+    if not command.is_nsq_sync:
+        if shown:
+            assert len(actual) >= len(shown), f"{where}: shown {shown}, got {actual}"
+            for expected, line in zip(shown, actual[len(actual) - len(shown) :]):
+                assert same_shape(expected, line), f"{where}: shown {expected!r}, got {line!r}"
+        return
+    assert len(actual) == len(shown), f"{where}: shown {shown}, got {actual}"
+    for expected, line in zip(shown, actual):
+        if expected.startswith("{") and '"body"' in expected:
+            assert json.loads(line)["body"] == json.loads(expected)["body"], (where, line)
+        else:
+            words, want = line.split(), expected.split()
+            assert len(words) == len(want) and all(map(_same_word, want, words)), (where, line)

@@ -75,6 +75,6 @@ def test_the_readme_and_the_quick_start_list_every_extra() -> None:
     config.read(ROOT / "setup.cfg")
     extras = set(config["options.extras_require"]) - {"dev", "docs", "test"}  # development
     readme = (ROOT / "README.md").read_text()
-    assert set(re.findall(r'^    "\.\[([a-z-]+)\]"', readme, re.M)) == extras
+    assert set(re.findall(r'^"\.\[([a-z-]+)\]"', readme, re.M)) == extras
     quickstart = (ROOT / "docs" / "quickstart.md").read_text()
-    assert set(re.findall(r'^    pip install "\.\[([a-z-]+)\]"', quickstart, re.M)) == extras
+    assert set(re.findall(r'^pip install "\.\[([a-z-]+)\]"', quickstart, re.M)) == extras

@@ -13,7 +13,7 @@ What a command runs:
 - ``python``: this interpreter; ``gunicorn``, ``flask``, ``uwsgi``... from its environment's
   ``bin`` (first on PATH, as in an activated virtualenv: ``VIRTUAL_ENV`` is set too, which is
   how uWSGI finds the environment);
-- ``nsqd``, ``nsqlookupd``: from ``$NSQ_BIN``, as the quick start puts them on PATH; without
+- ``nsqd``, ``nsqlookupd``: from ``$NSQ_BIN`` (or where the fixtures find them); without
   ``--tcp-address``/``--http-address`` they would listen on NSQ's default ports on every
   interface, so the shell adds the loopback addresses that stand for those defaults;
 - ``curl URL``: a GET of the URL (only loopback URLs: the example addresses were replaced),
@@ -43,10 +43,13 @@ from typing import Any
 import requests
 from support.nsq import free_closed_port, wait_for
 
+from nsq_sync.testing import find_nsq_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NSQ_SYNC = [sys.executable, "-m", "nsq_sync"]
-FOREGROUND_DEADLINE = 300.0  # seconds a command that ends may take (a first scripts/demo)
+FOREGROUND_DEADLINE = 60.0  # seconds a command that ends by itself may take, then it is killed
+SETUP_DEADLINE = 300.0  # the same for the clone's scripts (a first scripts/demo sets up .venv)
 START_DEADLINE = 60.0  # seconds a server may take to listen (gunicorn loading Django on CI)
 STOP_DEADLINE = 30.0  # seconds a SIGTERMed command may take to stop, then it is killed
 WEB_EXAMPLE = "127.0.0.1:8000"  # the documented address of the example web servers
@@ -231,11 +234,8 @@ class Shell:
             return [sys.executable, *args]
         if "/" in program and not (self.cwd / program).exists() and (ROOT / program).exists():
             return [str(ROOT / program), *args]  # scripts/demo: the clone's script
-        if program in ("nsqd", "nsqlookupd"):
-            nsq_bin = os.environ.get("NSQ_BIN")
-            found = shutil.which(program, path=nsq_bin) if nsq_bin else shutil.which(program)
-            assert found, f"{program} not found: set NSQ_BIN (tox passes it on)"
-            return [found, *args]
+        if program in ("nsqd", "nsqlookupd"):  # where the fixtures find them: $NSQ_BIN first
+            return [find_nsq_binary(program), *args]
         found = shutil.which(program, path=self.environment()["PATH"])
         assert found, f"{program} is not installed (tox -e docs installs what the docs run)"
         return [found, *args]
@@ -262,7 +262,7 @@ class Shell:
 
     # ------------------------------------------------------------------ running
 
-    def run(self, line: str, timeout: float = FOREGROUND_DEADLINE) -> list[Done]:
+    def run(self, line: str) -> list[Done]:
         """Run each command of ``line`` to its end, in order; what each did."""
         done: list[Done] = []
         for words in commands(self.expand(line)):
@@ -279,9 +279,12 @@ class Shell:
             elif words[0] == "curl":
                 done.append(Done(text, 0, self._curl(words)))
             else:
+                argv = self.argv(words)
+                setup = Path(argv[0]).is_relative_to(ROOT / "scripts")
+                timeout = SETUP_DEADLINE if setup else FOREGROUND_DEADLINE
                 try:
                     proc = subprocess.run(
-                        self.argv(words),
+                        argv,
                         cwd=self.cwd,
                         env=self.environment(),
                         input=stdin if stdin is not None else b"",
@@ -355,11 +358,13 @@ def http_ok(url: str) -> bool:
 
 def same_shape(shown: str, actual: str) -> bool:
     """Whether an output line has the shape of the line a page shows for a command whose
-    output varies from run to run (``scripts/demo``: ports, topic names, times, rates): the
-    same words, any address, number or hex suffix in place of the shown ones."""
+    output varies from run to run (``scripts/demo``: ports, topic names, times, rates; log
+    lines: their time, message IDs): the same words, any address, message ID, number or hex
+    suffix in place of the shown ones."""
 
     def shape(line: str) -> list[str]:
         line = re.sub(r"127\.0\.0\.1:\d+", "ADDRESS", line)
+        line = re.sub(r"\b[0-9a-f]{16}\b", "ID", line)  # a message ID
         line = re.sub(r"_[0-9a-f]{8}\b", "_HEX", line)
         return re.sub(r"\d[\d,]*(\.\d+)?", "N", line).split()
 

@@ -114,6 +114,10 @@ class Servers:
         return [self.lookupd.http_url]
 
 
+class Exited(AssertionError):
+    """A background command ended while it was waited for."""
+
+
 class Background:
     """A command left running (a server, a consumer), its output in a log file."""
 
@@ -146,16 +150,16 @@ class Background:
 
         def holds() -> Any:
             if self.proc.poll() is not None:
-                raise AssertionError(
+                raise Exited(
                     f"exited ({self.proc.returncode}) while waiting for {what}:\n{self.describe()}"
                 )
             return condition()
 
         try:
             return wait_for(holds, what, timeout=timeout, interval=0.05)
+        except Exited:
+            raise
         except AssertionError as exc:
-            if "exited (" in str(exc):
-                raise
             raise AssertionError(f"{exc}\n{self.describe()}") from None
 
     def stop(self) -> int:
@@ -170,6 +174,7 @@ class Background:
                 raise AssertionError(
                     f"did not stop within {STOP_DEADLINE} s of SIGTERM:\n{self.describe()}"
                 ) from None
+        self.kill()  # nothing of its process group outlives it (a worker a master left behind)
         return self.proc.returncode
 
     def kill(self) -> None:

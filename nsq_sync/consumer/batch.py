@@ -5,6 +5,7 @@ batches and runs ``handle_batch``. ``max_in_flight >= batch_size``: credit can f
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,8 @@ from nsq_sync.runtime import Runtime
 __all__ = ["BatchConsumer", "BatchHandler"]
 
 BatchHandler = Callable[[list[Message]], Any]
+
+_RESPONDED = operator.attrgetter("has_responded")
 
 #: longest gap between two looks at the consumer's credit while a batch is open, in seconds
 POLL = 0.01
@@ -340,6 +343,20 @@ class _Batcher(PartsUser):
 
     def _handle(self, batch: list[Message]) -> None:
         pool = self.parts.pool
+        if any(map(_RESPONDED, batch)) or any(map(pool.is_stale, batch)):
+            live = self._live(batch)
+        else:  # the common case, checked at C speed
+            live = batch
+        try:
+            if live:
+                self._run_handler(live)
+        finally:
+            with self._lock:
+                self._busy = 0
+
+    def _live(self, batch: list[Message]) -> list[Message]:
+        """``batch`` without the messages answered already or whose connection closed."""
+        pool = self.parts.pool
         live = []
         for message in batch:
             if message.has_responded:  # requeued when handing it to the batch failed
@@ -349,12 +366,7 @@ class _Batcher(PartsUser):
                 self.parts.connections.skipped(message, admitted=True)
             else:
                 live.append(message)
-        try:
-            if live:
-                self._run_handler(live)
-        finally:
-            with self._lock:
-                self._busy = 0
+        return live
 
     def _run_handler(self, batch: list[Message]) -> None:
         try:

@@ -87,6 +87,9 @@ def ends_task(exc: BaseException) -> bool:
     return greenlet is not None and isinstance(exc, greenlet.GreenletExit)
 
 
+_ATTEMPTS = operator.attrgetter("attempts")
+
+
 def _take_all(queue: deque[Message]) -> list[Message]:
     """Pop every message of ``queue``, oldest first; each is taken once (popleft is atomic)."""
     popleft = queue.popleft
@@ -169,6 +172,8 @@ class WorkerPool:
         self.tasks: list[Task] = []
         #: set when the consumer stops: messages not started yet are requeued, not handled
         self.stopping = False
+        #: the collecting worker took messages it has not handed to collect yet
+        self._collecting = False
 
     def start(self, name: str) -> None:
         for i in range(self.concurrency):
@@ -191,7 +196,21 @@ class WorkerPool:
         self.submit_many([message])
 
     def submit_many(self, messages: list[Message]) -> None:
-        """Queue messages in order; wakes as many workers as could share them."""
+        """Queue messages in order; wakes as many workers as could share them.
+
+        With :attr:`collect` set, a plain run (nothing stale or past max_attempts, nothing queued
+        or being collected before it) is screened and collected on the calling task (a
+        connection's reader) instead: it blocks on nothing, and a Spark partition's messages
+        skip a thread hand-over. Anything else goes to the worker, which may wait on a give-up."""
+        collect = self.collect
+        if (
+            collect is not None
+            and not self._collecting
+            and not self._messages
+            and self._plain(messages)
+        ):
+            self._collect_plain(collect, messages)
+            return
         self._messages.extend(messages)
         put = self.queue.put
         for _ in range(min(len(messages), self.concurrency)):
@@ -267,30 +286,93 @@ class WorkerPool:
     def _collect_work(self, collect: Callable[[list[Message]], None]) -> None:
         """A worker that hands screened messages, marked async, to ``collect`` (BatchConsumer's) in
         order, a list per wake-up; what it admitted goes first when a message past max_attempts is
-        given up (that may wait on a dead-letter publish). None is left in flight."""
-        screen = self._screen
-        max_attempts = self.max_attempts
-        message: Message | None = None
-        admitted: list[Message] = []
+        given up (that may wait on a dead-letter publish). None is left in flight.
+
+        It takes every queued message at each wake-up and screens them in one loop: BatchConsumer
+        has one worker, and a Spark partition reads hundreds of thousands of messages through it."""
+        get = self.queue.get
+        queued = self._messages
+        taken: list[Message] = []
         try:
-            for taken in self._taken():
-                if taken is None:
+            while get() is not _STOP:
+                # set before taking: submit_many collects on its own only when nothing is
+                # queued and nothing taken is still on its way to collect (order is kept)
+                self._collecting = True
+                taken = _take_all(queued)
+                if taken:
+                    self._collect_run(collect, taken)
+                taken = []
+                self._collecting = False
+        except BaseException:  # what _failed let through: end this worker
+            self._stopped_by(taken[0] if taken else None)
+        finally:
+            _requeue_unanswered(taken)  # taken, never collected: not left in flight
+
+    def _collect_run(self, collect: Callable[[list[Message]], None], run: list[Message]) -> None:
+        """Screen ``run`` (as :meth:`_screen`) and hand what is admitted to ``collect``."""
+        if self._plain(run):
+            self._collect_plain(collect, run)
+        else:
+            self._collect_each(collect, run)
+
+    def _plain(self, run: list[Message]) -> bool:
+        """True when no message of ``run`` is stale or past max_attempts, and the pool is not
+        stopping (checked at C speed): then only admission is asked per message."""
+        max_attempts = self.max_attempts
+        return not (
+            self.stopping
+            or any(map(self.is_stale, run))
+            or (max_attempts > 0 and max(map(_ATTEMPTS, run)) > max_attempts)
+        )
+
+    def _collect_plain(self, collect: Callable[[list[Message]], None], run: list[Message]) -> None:
+        """Hand the admitted messages of a plain ``run`` (see :meth:`_plain`) to ``collect``,
+        marked async; requeue the refused ones at once."""
+        admit = self.admit
+        try:
+            if admit is None:
+                admitted = run
+            else:
+                admitted = []
+                append = admitted.append
+                for message in run:
+                    if admit(message):
+                        append(message)
+                    else:
+                        message.requeue(0.0, backoff=False)
+            for message in admitted:
+                message.is_async = True
+        except BaseException as exc:
+            _requeue_unanswered(run)  # none of it was collected
+            self._failed(exc, f"a run of {len(run)} message(s), requeued")
+            return
+        if admitted:
+            self._hand_over(collect, admitted)
+
+    def _collect_each(self, collect: Callable[[list[Message]], None], run: list[Message]) -> None:
+        """:meth:`_collect_run` one message at a time: stale ones skipped, refused ones requeued,
+        those past max_attempts given up (after what was admitted before them is handed over)."""
+        is_stale = self.is_stale
+        admit = self.admit
+        max_attempts = self.max_attempts
+        admitted: list[Message] = []
+        for message in run:
+            try:
+                if is_stale(message):
+                    self.on_skip(message)
+                elif self.stopping or (admit is not None and not admit(message)):
+                    message.requeue(0.0, backoff=False)
+                elif 0 < max_attempts < message.attempts:
                     if admitted:
                         admitted = self._hand_over(collect, admitted)
-                    continue
-                message = taken
-                if admitted and 0 < max_attempts < message.attempts:
-                    admitted = self._hand_over(collect, admitted)
-                try:
-                    if screen(message):
-                        message.is_async = True
-                        admitted.append(message)
-                except BaseException as exc:
-                    self._failed(exc, message)
-        except BaseException:  # what _failed let through: end this worker
-            self._stopped_by(message)
-        finally:
-            _requeue_unanswered(admitted)  # taken, never collected: not left in flight
+                    self.give_up(message)
+                else:
+                    message.is_async = True
+                    admitted.append(message)
+            except BaseException as exc:
+                self._failed(exc, message)
+        if admitted:
+            self._hand_over(collect, admitted)
 
     def _hand_over(
         self, collect: Callable[[list[Message]], None], admitted: list[Message]

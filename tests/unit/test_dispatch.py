@@ -631,3 +631,49 @@ def test_a_collecting_worker_requeues_what_collect_failed_to_take_and_goes_on(
     assert h.responder.calls == [("requeue", lost.id, 0.0, False)]
     assert not kept.has_responded
     assert fatal == ([] if isinstance(error, Exception) else [error])
+
+
+def test_a_collecting_worker_screens_a_plain_run_in_one_hand_over() -> None:
+    """The common run (nothing stale, nothing past max_attempts): admission is still asked per
+    message, what it refuses is requeued at once, the rest reach collect in order, in one list,
+    marked async."""
+    h = Harness(ok, max_attempts=5)
+    collected: list[list[Message]] = []
+    h.pool.collect = collected.append
+    run = [h.message(attempts=a) for a in (1, 2, 5, 1)]
+    h.pool.admit = lambda message: message is not run[1]
+    h.start()
+    h.pool.submit_many(run)
+    h.stop()
+    assert [[m.id for m in batch] for batch in collected] == [[run[0].id, run[2].id, run[3].id]]
+    assert all(m.is_async for m in collected[0])
+    assert h.responder.calls == [("requeue", run[1].id, 0.0, False)]
+
+
+def test_a_collecting_worker_requeues_a_run_whose_admission_raised_and_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An admission that raises (a bug) loses nothing: the run is requeued and logged, and the
+    worker collects the next run."""
+    h = Harness(ok)
+    collected: list[list[Message]] = []
+    h.pool.collect = collected.append
+    calls: list[Message] = []
+
+    def admit(message: Message) -> bool:
+        calls.append(message)
+        if len(calls) == 2:
+            raise RuntimeError("admission failed")
+        return True
+
+    h.pool.admit = admit
+    first = [h.message(), h.message()]
+    h.start()
+    h.pool.submit_many(first)
+    wait_for(lambda: len(h.responder.calls) == 2, "the run requeued", TIMEOUT)
+    later = h.message()
+    h.pool.submit_many([later])
+    h.stop()
+    assert sorted(h.responder.calls) == sorted(("requeue", m.id, 0.0, False) for m in first)
+    assert [[m.id for m in batch] for batch in collected] == [[later.id]]
+    assert "a run of 2 message(s), requeued" in caplog.text

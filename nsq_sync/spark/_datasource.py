@@ -1,12 +1,14 @@
 """The ``nsq`` DataSource: options and schemas are checked here, while Spark plans the query.
 
 Spark constructs and pickles the DataSource, its writers and its readers in several processes,
-so nothing here opens a socket or starts a thread.
+so nothing here opens a socket or starts a thread. The writers and readers are imported when
+one is made: a fresh Python process that Spark starts for a query's planning (the schema, the
+options) imports neither the consumer nor the producer.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -25,8 +27,9 @@ from pyspark.sql.types import (
 
 from nsq_sync.errors import ConfigError
 from nsq_sync.spark._options import sink_options, source_options
-from nsq_sync.spark._sink import NsqStreamWriter, NsqWriter
-from nsq_sync.spark._source import NsqStreamReader
+
+if TYPE_CHECKING:
+    from nsq_sync.spark._source import NsqStreamReader
 
 __all__ = ["SOURCE_SCHEMA", "NsqDataSource"]
 
@@ -80,10 +83,14 @@ class NsqDataSource(DataSource):
         return SOURCE_SCHEMA
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from nsq_sync.spark._sink import NsqWriter
+
         options = sink_options(self.options)
         return NsqWriter(options, _sink_columns(schema, options.topic, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from nsq_sync.spark._sink import NsqStreamWriter
+
         options = sink_options(self.options)
         return NsqStreamWriter(options, _sink_columns(schema, options.topic, overwrite))
 
@@ -102,6 +109,8 @@ class NsqDataSource(DataSource):
         return NsqParallelStreamReader(options, expected)
 
     def simpleStreamReader(self, schema: StructType) -> NsqStreamReader:
+        from nsq_sync.spark._source import NsqStreamReader
+
         options = source_options(self.options)
         return NsqStreamReader(options, _source_schema(schema))
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from nsq_sync.consumer.batch import BatchConsumer
 from nsq_sync.message import Message
 from nsq_sync.spark._executor import fewer_collections
 from nsq_sync.spark._options import SourceOptions
@@ -344,6 +343,8 @@ def _consume(
             return
         rows[name] = batch.num_rows
         staged.put(batch)
+
+    from nsq_sync.consumer.batch import BatchConsumer  # not in the driver's planner process
 
     consumer = BatchConsumer(
         options.topic,

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -27,9 +27,11 @@ from pyspark.sql.datasource import (
 )
 
 from nsq_sync.errors import ConfigError, InvalidBody, PublishError
-from nsq_sync.producer import Producer
 from nsq_sync.spark._executor import fewer_collections, freeze_worker_heap
 from nsq_sync.spark._options import SinkOptions
+
+if TYPE_CHECKING:
+    from nsq_sync.producer import Producer
 
 try:  # pyspark >= 4.1: the streaming writer gets Arrow batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -191,6 +193,8 @@ class PartitionPublisher:
 
     def _publish(self, topic: str, bodies: list[bytes]) -> None:
         if self._producer is None:
+            from nsq_sync.producer import Producer  # on the executor (the planner needs none)
+
             # An MPUB whose answer was lost is sent again (at least once), rather than failing
             # the task: a task retry would resend the whole partition.
             self._producer = Producer(

@@ -58,3 +58,30 @@ def test_importing_the_package_is_side_effect_free() -> None:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["forbidden"] == []
     assert report["threads"] == 1, report["thread_names"]
+
+
+def test_the_clients_are_imported_on_first_use() -> None:
+    """``import nsq_sync`` imports no client module (a process that needs only the
+    configuration, such as Spark's planner runners, does not pay for them); the public names
+    still resolve, through ``from nsq_sync import X`` and ``nsq_sync.X`` alike."""
+    probe = """
+import json, sys
+import nsq_sync
+before = sorted(m for m in sys.modules if m.startswith("nsq_sync"))
+from nsq_sync import Consumer, Producer
+names = {name: getattr(nsq_sync, name).__module__ for name in nsq_sync.__all__ if name[0] != "_"}
+try:
+    nsq_sync.Consumr
+except AttributeError as exc:
+    missing = str(exc)
+print(json.dumps({"before": before, "names": names, "missing": missing,
+                  "dir": "Producer" in dir(nsq_sync), "same": Consumer is nsq_sync.Consumer}))
+"""
+    report = json.loads(_run_probe(probe).stdout.strip().splitlines()[-1])
+    assert report["before"] == ["nsq_sync", "nsq_sync._version"]
+    assert report["names"]["Consumer"] == "nsq_sync.consumer.consumer"
+    assert report["names"]["Producer"] == "nsq_sync.producer.producer"
+    assert report["names"]["Config"] == "nsq_sync.config"
+    assert len(report["names"]) == 12
+    assert report["missing"] == "module 'nsq_sync' has no attribute 'Consumr'"
+    assert report["dir"] and report["same"]

@@ -279,3 +279,39 @@ def test_a_task_moving_rows_collects_less_often_and_restores_the_threshold() -> 
         raise RuntimeError("the task failed")
     assert seen == [(max(before[0], TASK_GC_THRESHOLD), *before[1:])]
     assert gc.get_threshold() == before
+
+
+def test_planning_imports_neither_the_consumer_nor_the_producer() -> None:
+    """Spark starts a fresh Python process to plan each query (the schema, the options, the
+    stream reader's offsets): it imports only what that needs. The consumer and the producer
+    are imported where rows move, on the executors."""
+    import json
+    import subprocess
+    import sys
+
+    probe = """
+import json, sys
+from nsq_sync.spark import NsqDataSource
+from nsq_sync.spark._datasource import source_struct
+source = NsqDataSource({"nsqd_tcp_addresses": "127.0.0.1:4150", "topic": "t", "channel": "c",
+                        "parallelism": "2", "staging_location": sys.argv[1],
+                        "nsqd_http_addresses": "127.0.0.1:4151"})
+source.schema()
+planner = sorted(m for m in sys.modules if m.startswith(("nsq_sync.consumer", "nsq_sync.producer")))
+source.streamReader(source_struct())
+reader = sorted(m for m in sys.modules if m.startswith(("nsq_sync.consumer", "nsq_sync.producer")))
+print(json.dumps({"planner": planner, "reader": reader}))
+"""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as staging:
+        result = subprocess.run(
+            [sys.executable, "-c", probe, staging],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"planner": [], "reader": []}

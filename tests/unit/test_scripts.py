@@ -78,3 +78,37 @@ def test_the_readme_and_the_quick_start_list_every_extra() -> None:
     assert set(re.findall(r'^"\.\[([a-z-]+)\]"', readme, re.M)) == extras
     quickstart = (ROOT / "docs" / "quickstart.md").read_text()
     assert set(re.findall(r'^pip install "\.\[([a-z-]+)\]"', quickstart, re.M)) == extras
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_build_nsq_builds_nothing_when_nsq_bin_holds_the_binaries(
+    tmp_path: Path, holds: bool
+) -> None:
+    """NSQ_BIN pointing at nsqd and nsqlookupd (what the README offers instead of Go): no build,
+    no Go needed; a folder without them still asks for Go, naming NSQ_BIN."""
+    given = tmp_path / "given"
+    given.mkdir()
+    if holds:
+        for name in ("nsqd", "nsqlookupd"):
+            (given / name).write_text("#!/bin/sh\n")
+            (given / name).chmod(0o755)
+    build_dir = tmp_path / "build"
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",  # no go
+        "NSQ_BIN": str(given),
+        "NSQ_BUILD_DIR": str(build_dir),
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-nsq")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    if holds:
+        assert done.returncode == 0, done.stderr
+        assert not build_dir.exists()
+    else:
+        assert done.returncode == 1
+        assert "set NSQ_BIN to a folder that holds nsqd nsqlookupd" in done.stderr

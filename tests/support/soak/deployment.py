@@ -123,7 +123,8 @@ class ConsumerProcess:
 
 class Deployment:
     """The whole stack, in ``workdir``. ``runtime`` "threads" or "gevent": the consumer
-    process's runtime and gunicorn's worker class (gthread or gevent)."""
+    process's runtime and gunicorn's worker class (gthread with 4 threads, or gevent with the
+    example's gunicorn_gevent.py)."""
 
     def __init__(self, workdir: Path, runtime: str = "threads") -> None:
         self.workdir = workdir
@@ -196,10 +197,15 @@ class Deployment:
                     ("--threads", THREADS_PER_WORKER),
                 )  # fmt: skip
             else:
-                worker_class = "gevent" if self.runtime == "gevent" else "gthread"
+                if self.runtime == "gevent":
+                    # the example's config: it patches the master before --preload loads Django,
+                    # whose thread-locals greenlets would otherwise share (docs/django.md)
+                    worker_class, options = "gevent", ("-c", "gunicorn_gevent.py")
+                else:
+                    worker_class, options = "gthread", ("--threads", THREADS_PER_WORKER)
                 server = Gunicorn(
                     "django_soak:application", EXAMPLE, env, log, worker_class,
-                    ("--threads", THREADS_PER_WORKER, "--worker-connections", "100"),
+                    (*options, "--worker-connections", "100"),
                 )  # fmt: skip
             self.webs.append(Web(name, server, django_paths))
         for web in self.webs:

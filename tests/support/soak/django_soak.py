@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import os
 
-from django.conf import settings  # noqa: E402 - after the setup
-from django.http import HttpRequest, JsonResponse  # noqa: E402
-from django.urls import path  # noqa: E402
-from shop_site import urls  # noqa: E402
+# isort: off
 from shop_site.wsgi import application  # first: it sets Django up
 
-from nsq_sync.contrib.django import publish  # noqa: E402
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from shop_site import urls
+
+from nsq_sync.contrib.django import publish
+
+# isort: on
 
 
 def publish_now(request: HttpRequest) -> JsonResponse:

@@ -45,14 +45,26 @@ def test_the_whole_stack_under_faults_loses_no_acknowledged_id(
     # the soak runs this interpreter (and the uwsgi and gunicorn beside it)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     result_file = tmp_path / "soak.json"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [str(ROOT / "scripts" / "soak"), "--seconds", str(SECONDS), "--seed", str(SEED),
          "--workdir", str(tmp_path / "soak"), "--json", str(result_file)],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    print(proc.stdout)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the soak stops every process it started, then exits
+        try:
+            stdout, stderr = proc.communicate(timeout=60.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"the soak ran over {TIMEOUT} s:\n{stdout}\n{stderr[-6000:]}"
+        ) from None
+    print(stdout)
     assert result_file.exists(), (
-        f"the soak ended without a result ({proc.returncode}):\n{proc.stderr[-6000:]}"
+        f"the soak ended without a result ({proc.returncode}):\n{stderr[-6000:]}"
     )
     result = json.loads(result_file.read_text())
     requests, consumed = result["requests"], result["consumed"]
@@ -66,8 +78,8 @@ def test_the_whole_stack_under_faults_loses_no_acknowledged_id(
     record_property("in_sigkill_window", sum(loss["in_sigkill_window"] for loss in losses.values()))
     record_property("error_pages", requests["error_pages"])
 
-    assert result["verdict"]["problems"] == [], proc.stdout
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert result["verdict"]["problems"] == [], stdout
+    assert proc.returncode == 0, stderr[-6000:]
     assert {f["kind"] for f in faults} == set(KINDS), "a kind of fault was never injected"
     # a steady load all along: 3 servers at 6 requests/s for 90 s
     assert requests["acknowledged"] >= 3 * 6 * SECONDS * 0.8, requests

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -140,6 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -163,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes is not None:
         args.seconds = args.minutes * 60.0
+    # SIGTERM (a test's timeout, a CI runner's cancel) unwinds run(): every process it started
+    # is stopped by Deployment.close()
+    signal.signal(signal.SIGTERM, _terminated)
     result = run(args)
     text = json.dumps(result, indent=2, default=str) + "\n"
     Path(result["workdir"], "soak.json").write_text(text)

@@ -17,8 +17,9 @@ cron drains' channel (``cron``) should have written each of them.
   another nsqd message id is a second publish: the caller sent the id again after an answer that
   was not 2xx (an unknown outcome).
 - **non-2xx**: every error page must be named in its server's log (an exception logged with its
-  traceback) and come during a fault; a request without an answer must come from a web worker
-  killed under it.
+  traceback), be a publish that failed (an ``nsq_sync.errors`` exception: the faults are NSQ's)
+  and come during a fault; a request without an answer must come from a web worker killed under
+  it.
 - **dead letters**: every dead-lettered id is one the handler refuses, with its exception.
 - **recovery**: per fault, from the server being back to the first 2xx publish sent after it, and
   to the first message the consumer handled after it (from the nsqd that came back, for nsqd
@@ -185,6 +186,12 @@ def account(
         logged = sum(named[server].values()) - named[server]["(no exception named)"]
         if logged < count:
             problems.append(f"{server}: {count} error pages, {logged} exceptions named in its log")
+    # the faults are NSQ's: an error page for anything but a publish that failed is a defect
+    # (the Django 500 seen once under uWSGI threads would show here, named)
+    for server, exceptions in named.items():
+        foreign = {e: n for e, n in exceptions.items() if not e.startswith("nsq_sync.errors.")}
+        if foreign:
+            problems.append(f"{server}: error pages for {foreign}")
     # ... and each during a fault: a publish under way when a fault began may end in an error
     # as late as its publish timeout (10 s) after the server is back
     outside = [

@@ -13,5 +13,7 @@ in CI. One concept per module:
 - ``probes``: RSS and file descriptors of every process, sampled;
 - ``accounting``: what was acknowledged, consumed, lost, duplicated and why;
 - ``report``: the table;
-- ``main``: the command line (``scripts/soak``).
+- ``main``: the command line (``scripts/soak``);
+- ``sigkill_window``: a measurement of what an nsqd SIGKILL loses under each consumer setting;
+- ``respawn_burst``: a search for the Django 500 once seen under uWSGI threads.
 """

@@ -119,7 +119,7 @@ class Config:
         "int?",
         64,
         64 * 1024 * 1024,
-        doc="Bytes nsqd buffers before writing to this client (IDENTIFY); None leaves nsqd's default. 64 gives the lowest latency.",
+        doc="Bytes nsqd buffers before writing to this client (IDENTIFY); None: no buffer, nsqd writes each message at once (IDENTIFY's -1: the lowest latency, a system call per message). 64 is the smallest buffer.",
     )
     output_buffer_timeout: float | None = _opt(
         0.25,

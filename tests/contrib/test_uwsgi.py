@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.nsq import read_bodies, wait_for
+from support.nsq import in_ci, read_bodies, wait_for
 from support.web import (
     EXAMPLE,
     FLASK_EXAMPLE,
@@ -43,7 +43,7 @@ THREADS = [pytest.param((), id="processes"), pytest.param(("--threads", "8"), id
 @pytest.fixture(autouse=True)
 def _uwsgi_installed() -> None:
     if uwsgi_binary() is None:
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+        if in_ci():
             pytest.fail("CI run of the uWSGI tests without uwsgi (tox.ini installs it)")
         pytest.skip("uwsgi is not installed (pip install uwsgi)")
 

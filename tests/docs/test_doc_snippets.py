@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -56,7 +55,8 @@ import console
 import pytest
 import requests
 from shell import Background, Done, Server, Servers, Shell, commands, http_ok
-from support.nsq import settled_channel, wait_for
+from support.nsq import in_ci, settled_channel, wait_for
+from support.web import uwsgi_binary
 
 from nsq_sync import LookupdClient, NsqdHTTPClient
 from nsq_sync.testing import Cluster
@@ -803,14 +803,10 @@ def uwsgi_recipe(run: ShellRun) -> None:
     assert (channel["depth"], channel["in_flight_count"]) == (0, 0), channel
 
 
-def uwsgi_installed() -> bool:
-    return shutil.which("uwsgi", path=str(Path(sys.executable).parent)) is not None
-
-
 def uwsgi_required() -> None:
     """Skip without uWSGI on a developer's machine; fail in CI, whose docs env installs it."""
-    if not uwsgi_installed():
-        if os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}:
+    if uwsgi_binary() is None:
+        if in_ci():
             pytest.fail("CI run of the docs tests without uwsgi (tox.ini installs it)")
         pytest.skip("uwsgi is not installed (pip install uwsgi; tox -e docs installs it)")
 

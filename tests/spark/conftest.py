@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.nsq import in_ci
 from support.s3 import S3_ENV, S3Server, find_gofakes3
 
 from nsq_sync.testing.spark_cluster import (
@@ -25,13 +26,9 @@ from nsq_sync.testing.spark_cluster import (
 )
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
 def _need(condition: bool, why: str) -> None:
     if not condition:
-        if _in_ci():
+        if in_ci():
             pytest.fail(f"CI run of the Spark tests without {why}", pytrace=False)
         pytest.skip(why)
 

@@ -56,6 +56,12 @@ def raise_like_a_time_limit() -> None:
 DEFAULT_TIMEOUT = 15.0
 
 
+def in_ci() -> bool:
+    """True in a CI run (``CI`` set to 1/true/yes): an integration test whose tool is missing
+    fails there instead of skipping."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
 def wait_for(
     condition: Callable[[], T], what: str, timeout: float = DEFAULT_TIMEOUT, interval: float = 0.02
 ) -> T:
